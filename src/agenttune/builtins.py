@@ -1,0 +1,48 @@
+"""agenttune's own components, registered through the same hooks as any plugin.
+
+Each hook imports only the modules that define its classes; those modules keep heavy libraries
+(torch, transformers) inside functions, so listing plugins stays fast.
+"""
+
+from __future__ import annotations
+
+from agenttune.hookspecs import hookimpl
+
+
+@hookimpl
+def register_task_readers():
+    from agenttune.readers.file import FileTaskReader
+    from agenttune.readers.huggingface import HuggingFaceTaskReader
+
+    return [FileTaskReader, HuggingFaceTaskReader]
+
+
+@hookimpl
+def register_agent_frameworks():
+    from agenttune.frameworks.openai import OpenAIFramework
+
+    return [OpenAIFramework]
+
+
+@hookimpl
+def register_judges():
+    from agenttune.judges.llm_judge import LLMJudge
+
+    return [LLMJudge]
+
+
+@hookimpl
+def register_backbones():
+    from agenttune.backbones.debug import DebugBackbone
+    from agenttune.backbones.local import LocalBackbone
+
+    return [DebugBackbone, LocalBackbone]
+
+
+@hookimpl
+def register_engines():
+    from agenttune.engines.hf import HFEngine
+    from agenttune.engines.openai import OpenAIEngine
+    from agenttune.engines.scripted import ScriptedEngine
+
+    return [HFEngine, OpenAIEngine, ScriptedEngine]

@@ -1,0 +1,39 @@
+"""`agenttune config show` and `agenttune config schema`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Show the resolved configuration or its schema.", no_args_is_help=True)
+
+
+@app.command("show")
+def show(
+    conf: Path = typer.Option(None, "--conf", help="The YAML config file."),
+    backbone: str = typer.Option(None, "--backbone", help="Also print this backbone's generated native config."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
+) -> None:
+    """Print the fully resolved configuration as YAML."""
+    import yaml
+
+    from agenttune.config_loader import load_config
+    from agenttune.plugins import get_component
+
+    config = load_config(conf, overrides or [], backbone=backbone)
+    typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
+    if backbone:
+        native = get_component("backbones", backbone, key="--backbone").native_config(config)
+        if native is not None:
+            typer.echo(f"# --- generated {backbone} config ---")
+            typer.echo(yaml.safe_dump(native, sort_keys=False), nl=False)
+
+
+@app.command("schema")
+def schema() -> None:
+    """Print the JSON schema of the configuration (point your editor's YAML support at it)."""
+    from agenttune.config_loader import config_model
+
+    typer.echo(json.dumps(config_model().model_json_schema(), indent=2))

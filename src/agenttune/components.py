@@ -1,0 +1,84 @@
+"""Resolve the components a config names, before any heavy work starts.
+
+`resolve(config)` checks that the backbone, agent framework, task reader, workflow and judge all exist
+and load, validates each component's options, and returns them together. Every failure is a
+`UserError` naming the config key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agenttune.config import AgentTuneConfig
+from agenttune.config_loader import component_options
+from agenttune.errors import UserError
+from agenttune.plugins import get_component
+from agenttune.references import load_reference
+from agenttune.workflow import Workflow
+
+
+@dataclass
+class Components:
+    backbone: type
+    agent_framework: type
+    task_reader_cls: type
+    task_reader_options: Any
+    workflow_cls: type[Workflow] | None
+    judge_cls: type | None
+    judge_options: Any
+
+    def task_reader(self) -> Any:
+        return self.task_reader_cls(self.task_reader_options)
+
+    def judge(self) -> Any | None:
+        return self.judge_cls(self.judge_options) if self.judge_cls else None
+
+
+def judge_type(config: AgentTuneConfig) -> str | None:
+    if config.judge.judge_protocol and config.judge.type in (None, "custom"):
+        return "custom"
+    return config.judge.type
+
+
+def resolve_workflow(config: AgentTuneConfig) -> type[Workflow] | None:
+    if not config.workflow:
+        return None
+    workflow = load_reference(config.workflow, key="workflow", search_path=config.source_dir)
+    is_workflow_class = isinstance(workflow, type) and callable(getattr(workflow, "execute", None))
+    if not is_workflow_class:
+        raise UserError(f"workflow: {config.workflow!r} is not a Workflow class (got {type(workflow).__name__}).",
+                        hint="Point it at a subclass of agenttune.Workflow that implements execute(task, tuner).")
+    return workflow
+
+
+def resolve_judge_class(config: AgentTuneConfig) -> type | None:
+    """The judge class: a registered judge by `judge.type`, or the user's class for `custom`."""
+    name = judge_type(config)
+    if name is None:
+        return None
+    if name != "custom":
+        return get_component("judges", name, key="judge.type")
+    if not config.judge.judge_protocol:
+        raise UserError("judge.type is 'custom' but judge.judge_protocol is not set.",
+                        hint="Set judge.judge_protocol to 'my_module:MyJudge' (a subclass of agenttune.Judge).")
+    judge = load_reference(config.judge.judge_protocol, key="judge.judge_protocol", search_path=config.source_dir)
+    if not (isinstance(judge, type) and callable(getattr(judge, "judge", None))):
+        raise UserError(f"judge.judge_protocol: {config.judge.judge_protocol!r} is not a Judge class.",
+                        hint="Point it at a subclass of agenttune.Judge that implements judge(judge_input).")
+    return judge
+
+
+def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Components:
+    backbone = get_component("backbones", config.backbone, key="backbone")
+    framework = get_component("agent_frameworks", config.agent_framework, key="agent_framework")
+    reader_cls = get_component("task_readers", config.task_reader.type, key="task_reader.type")
+    reader_options = component_options(reader_cls, config.task_reader, "task_reader")
+    workflow = resolve_workflow(config)
+    if workflow is None and need_workflow:
+        raise UserError("workflow is not set.",
+                        hint="Add `workflow: my_package.my_module:MyWorkflow` to the config.")
+    judge_cls = resolve_judge_class(config)
+    judge_options = component_options(judge_cls, config.judge, "judge") if judge_cls else None
+    backbone.check(config)
+    return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options)

@@ -1,0 +1,188 @@
+"""The configuration: one YAML file, validated by these models.
+
+Every field has a default and a description; `agenttune config schema` prints them as JSON schema and
+docs/config.md is generated from them. Values come, lowest to highest priority, from the defaults,
+the YAML file, `AGENTTUNE_…` environment variables (nested with `__`, e.g.
+`AGENTTUNE_ROLLOUT__NUM_REPEAT=8`) and `key.path=value` command-line overrides (see config_loader).
+
+Component sections (`task_reader`, `judge`, `engine`) take a `type` plus the options of that
+component, which the component's own `Options` model validates (see `component_options`).
+Plugins may add top-level sections of their own through the `register_config_sections` hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ComponentSection(BaseModel):
+    """A section that names a component by `type`; the other keys are that component's options."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class TaskReaderConfig(ComponentSection):
+    type: str = Field(default="file", description="Task reader name: file, huggingface, or one from a plugin.")
+    train_split: str = Field(default="train", description="Split used for training.")
+    validation_split: str | None = Field(default=None, description="Split used for validation (none: skip).")
+
+
+class JudgeConfig(ComponentSection):
+
+    type: str | None = Field(
+        default=None,
+        description="Judge name (math, llm_judge, env_service, custom, ...). None: the workflow's reward is used.",
+    )
+    judge_protocol: str | None = Field(
+        default=None,
+        description="'module:Class' of a Judge subclass (ASTune's key); implies type 'custom'.",
+    )
+    always_run: bool = Field(default=False, description="Run the judge even when the workflow set a reward.")
+    timeout: float = Field(default=60.0, gt=0, description="Seconds a judge may take per episode.")
+
+
+class EngineConfig(ComponentSection):
+    type: str = Field(default="hf", description="Inference engine: hf (transformers), openai (a served model), vllm, ...")
+
+
+class ModelConfig(Section):
+    path: str = Field(default="", description="Hugging Face model id or local directory of the model to train.")
+    tokenizer: str | None = Field(default=None, description="Tokenizer path, when it differs from `path`.")
+    max_model_len: int = Field(default=4096, gt=0, description="Longest prompt + response the model accepts.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow custom model code from the model repo.")
+
+
+class GatewayConfig(Section):
+    host: str = Field(default="127.0.0.1", description="Address the gateway binds to. Loopback unless you need remote agents.")
+    port: int = Field(default=0, ge=0, le=65535, description="Port; 0 picks a free one.")
+    tool_parser: str = Field(default="hermes", description="How tool calls are parsed from model text.")
+    reasoning_parser: str | None = Field(default="think", description="Reasoning format (<think>...</think>); null: none.")
+
+
+class RolloutConfig(Section):
+    num_repeat: int = Field(default=4, gt=0, description="Episodes per task per step (the GRPO group size).")
+    max_env_worker: int = Field(default=16, gt=0, description="Most episodes run at once.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature for training rollouts.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(default=-1, description="Top-k sampling; -1 disables it.")
+    val_temperature: float = Field(default=0.0, ge=0, description="Temperature for validation (0 = greedy).")
+    max_turns: int = Field(default=8, gt=0, description="Most LLM calls (or environment steps) per episode.")
+    max_response_length_in_one_turn: int = Field(default=512, gt=0, description="Most new tokens per LLM call.")
+    episode_timeout: float = Field(default=300.0, gt=0, description="Seconds before an episode is stopped and marked timeout.")
+    agent_madness_reward: float = Field(default=0.0, description="Reward given to an episode when a madness check fires.")
+    compute_madness_checklist: list[Literal["nonsense", "wrong_toolcall"]] = Field(
+        default_factory=lambda: ["nonsense", "wrong_toolcall"], description="Madness checks to run."
+    )
+    trainable_targets: list[str] | None = Field(
+        default=None, description="Agent names whose samples are trained; none: every agent."
+    )
+
+
+class DataConfig(Section):
+    train_batch_size: int = Field(default=8, gt=0, description="Tasks per training step (each run num_repeat times).")
+    val_batch_size: int | None = Field(default=None, gt=0, description="Tasks per validation batch; none: the whole split.")
+    max_prompt_length: int = Field(default=2048, gt=0, description="Longest first prompt (tokens) kept for training.")
+    max_response_length: int = Field(default=2048, gt=0, description="Longest merged response (tokens) kept for training.")
+    shuffle: bool = Field(default=True, description="Shuffle the train split every epoch (seeded).")
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: Literal["grpo"] = Field(default="grpo", description="Advantage estimator.")
+    norm_adv_by_std: bool = Field(default=True, description="Divide group-centred rewards by the group's std.")
+    clip_ratio_low: float = Field(default=0.2, ge=0, description="PPO clip range below 1.")
+    clip_ratio_high: float = Field(default=0.2, ge=0, description="PPO clip range above 1.")
+    kl_coef: float = Field(default=0.0, ge=0, description="KL penalty to the reference model; 0 disables it (no reference model).")
+    kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="KL estimator.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        default="token-mean", description="How per-token losses are averaged."
+    )
+
+
+class TrainerConfig(Section):
+    total_epochs: int = Field(default=1, gt=0, description="Passes over the train split.")
+    total_steps: int | None = Field(default=None, gt=0, description="Stop after this many steps (overrides epochs).")
+    learning_rate: float = Field(default=1e-6, gt=0, description="Peak learning rate.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(default="constant", description="Learning-rate schedule.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clipping.")
+    save_freq: int = Field(default=0, ge=0, description="Save a checkpoint every N steps; 0: only at the end.")
+    test_freq: int = Field(default=0, ge=0, description="Validate every N steps; 0: never during training.")
+    val_before_train: bool = Field(default=False, description="Validate once before the first step.")
+    seed: int = Field(default=42, description="Seed for data order, sampling and initialisation.")
+    n_gpus_per_node: int = Field(default=1, ge=0, description="GPUs per node (cluster backbones).")
+    nnodes: int = Field(default=1, gt=0, description="Nodes (cluster backbones).")
+
+
+class LocalConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the local backbone trains.")
+    micro_batch_tokens: int = Field(default=8192, gt=0, description="Token budget of one micro-batch.")
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
+    lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")
+    lora_target_modules: list[str] | str = Field(default="all-linear", description="Modules LoRA adapts.")
+
+
+class DebugConfig(Section):
+    first_n_tasks: int = Field(default=4, gt=0, description="The debug backbone runs the first N train tasks.")
+    max_parallel: int = Field(default=4, gt=0, description="Episodes at once in debug (1: one at a time, for breakpoints).")
+
+
+class MonitorConfig(Section):
+    tensorboard: bool = Field(default=True, description="Write TensorBoard event files to <run_dir>/tensorboard.")
+    wandb: bool = Field(default=False, description="Log to Weights & Biases (needs wandb installed).")
+    swanlab: bool = Field(default=False, description="Log to SwanLab (needs swanlab installed).")
+
+
+class AgentTuneConfig(BaseSettings):
+    """The whole configuration of one run."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTTUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True
+    )
+
+    project_name: str = Field(default="agenttune", description="Project name; groups runs under runs/<project>.")
+    experiment_name: str = Field(default="default", description="Experiment name; runs/<project>/<experiment>.")
+    workflow: str | None = Field(default=None, description="'module:Class' of your Workflow subclass.")
+    agent_framework: str = Field(default="openai", description="Agent framework: openai, agentscope, aworld, ...")
+    backbone: str = Field(default="local", description="Backbone: debug, local, verl, trinity (--backbone overrides).")
+    task_reader: TaskReaderConfig = Field(default_factory=TaskReaderConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    verl: dict[str, Any] = Field(default_factory=dict, description="Passed through to verl's config (verl backbone).")
+    trinity: dict[str, Any] = Field(default_factory=dict, description="Passed through to Trinity-RFT's config.")
+
+    # The directory of the YAML file: workflow and judge modules next to it are importable.
+    _source_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source_dir(self) -> Path | None:
+        return self._source_dir
+
+    def section(self, name: str) -> Any:
+        """A plugin-defined section (see the register_config_sections hook)."""
+        return getattr(self, name)

@@ -1,0 +1,58 @@
+"""The hook specifications every agenttune plugin implements.
+
+A plugin is an installed distribution with an entry point in the `agenttune` group pointing at a
+module that implements some of these hooks with `@agenttune.hookimpl`. The `register_*` hooks return
+classes (not instances); each class has a unique `name`. Keep plugin modules light: import heavy
+libraries (torch, verl, agent frameworks) inside methods so that `agenttune --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import typer
+    from pydantic import BaseModel
+
+hookspec = pluggy.HookspecMarker("agenttune")
+hookimpl = pluggy.HookimplMarker("agenttune")
+
+
+@hookspec
+def register_task_readers() -> list[type] | None:
+    """Return `TaskReader` subclasses; their `name` is what `task_reader.type` selects."""
+
+
+@hookspec
+def register_agent_frameworks() -> list[type] | None:
+    """Return `AgentFramework` subclasses; their `name` is what `--agent` and `tuner.as_model()` select."""
+
+
+@hookspec
+def register_judges() -> list[type] | None:
+    """Return `Judge` subclasses; their `name` is what `judge.type` selects."""
+
+
+@hookspec
+def register_backbones() -> list[type] | None:
+    """Return `Backbone` subclasses; their `name` is what `--backbone` selects."""
+
+
+@hookspec
+def register_engines() -> list[type] | None:
+    """Return `InferenceEngine` subclasses; their `name` is what `engine.type` selects."""
+
+
+@hookspec
+def register_config_sections() -> dict[str, type[BaseModel]] | None:
+    """Return extra top-level config sections this plugin owns, as `{section_name: pydantic model}`.
+
+    The section is validated with the model and available as `config.section(name)`.
+    """
+
+
+@hookspec
+def register_commands(app: typer.Typer) -> Any:
+    """Add CLI sub-commands to the `agenttune` Typer app (for example a plugin's own tools)."""

@@ -1,0 +1,74 @@
+"""Judges turn a finished episode into a reward."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agenttune.task import Task
+from agenttune.workflow import WorkflowOutput
+
+
+class NoOptions(BaseModel):
+    """For components that take no options: any key given is a mistake."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class JudgeInput(BaseModel):
+    """Everything a judge may look at for one episode."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    task: Task = Field(description="The task, with ground truth in metadata.")
+    output: WorkflowOutput = Field(description="What the workflow returned.")
+    handed: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the workflow handed the judge (tuner.update_judge_input_dictionary), e.g. final_answer.",
+    )
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list, description="The episode's conversation, OpenAI message dicts, in order."
+    )
+
+    @property
+    def final_answer(self) -> Any:
+        """The answer the workflow handed over, else the one in its output metadata, else None."""
+        if "final_answer" in self.handed:
+            return self.handed["final_answer"]
+        return self.output.metadata.get("final_answer")
+
+    @property
+    def last_assistant_text(self) -> str:
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant" and isinstance(message.get("content"), str):
+                return message["content"]
+        return ""
+
+
+class JudgeResult(BaseModel):
+    reward: float = Field(description="The scalar reward used for training.")
+    success: bool = Field(default=False, description="Whether the task counts as solved.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Anything worth logging.")
+
+
+class Judge:
+    """Scores an episode.
+
+    A judge class has a unique `name` (the config's `judge.type`) and an `Options` pydantic model for
+    its settings (the other keys of the `judge:` section). It is created once per run with its validated
+    options and may keep clients open. `judge` may be async or plain; plain judges run in a thread.
+    It must not mutate its input. Raising marks the episode `judge_error`; it never stops the batch.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, options: BaseModel | None = None):
+        self.options = options if options is not None else self.Options()
+
+    def judge(self, judge_input: JudgeInput) -> JudgeResult:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must implement judge(judge_input)")
+
+    async def aclose(self) -> None:
+        """Release clients; called once at the end of the run."""

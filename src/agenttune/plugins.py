@@ -1,0 +1,231 @@
+"""Finding plugins and the components they provide.
+
+Plugins are entry points in the `agenttune` group; agenttune's built-ins are one of them. Each is
+imported on first use of the registry, with per-plugin isolation: a plugin that fails to import or
+whose hook raises is reported as broken and skipped, and the CLI keeps working.
+
+Environment variables:
+    AGENTTUNE_LOAD_PLUGINS     comma-separated allow list (entry-point or distribution names)
+    AGENTTUNE_DISABLE_PLUGINS  comma-separated block list
+    AGENTTUNE_TRACE_PLUGINS=1  print every hook call and what it returned to stderr
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from agenttune import hookspecs
+from agenttune.errors import PluginError
+
+ENTRY_POINT_GROUP = "agenttune"
+CORE_DISTRIBUTION = "agenttune"
+
+# kind -> (hook name, what a user calls it)
+KINDS: dict[str, tuple[str, str]] = {
+    "task_readers": ("register_task_readers", "task reader"),
+    "agent_frameworks": ("register_agent_frameworks", "agent framework"),
+    "judges": ("register_judges", "judge"),
+    "backbones": ("register_backbones", "backbone"),
+    "engines": ("register_engines", "inference engine"),
+}
+
+
+@dataclass
+class PluginInfo:
+    """One plugin as `agenttune plugins list` shows it."""
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    error: str | None = None
+    hook_errors: list[str] = field(default_factory=list)
+    provides: dict[str, list[str]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    config_sections: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "distribution": self.distribution,
+            "module": self.module,
+            **self.provides,
+            "config_sections": self.config_sections,
+            "error": self.problem,
+        }
+
+    @property
+    def problem(self) -> str | None:
+        """The import error, else the hook errors, else None."""
+        return self.error or ("; ".join(self.hook_errors) if self.hook_errors else None)
+
+
+@dataclass
+class Provided:
+    cls: type
+    plugin: PluginInfo
+
+
+class PluginManager:
+    """pluggy's manager plus the registry of named components, built once per process."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._components: dict[str, dict[str, Provided]] | None = None
+        self._sections: dict[str, tuple[type, PluginInfo]] | None = None
+        self.trace = os.environ.get("AGENTTUNE_TRACE_PLUGINS", "") not in ("", "0", "false")
+
+    # -- loading -----------------------------------------------------------------------------
+    def load_entry_points(self) -> None:
+        allow = _names_from_env("AGENTTUNE_LOAD_PLUGINS")
+        block = _names_from_env("AGENTTUNE_DISABLE_PLUGINS") or set()
+        for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+            distribution = entry_point.dist.name if entry_point.dist else "unknown"
+            is_core = distribution == CORE_DISTRIBUTION
+            names = {entry_point.name, distribution}
+            if not is_core and ((allow is not None and not names & allow) or names & block):
+                continue
+            self._load_entry_point(entry_point, distribution)
+
+    def _load_entry_point(self, entry_point: EntryPoint, distribution: str) -> None:
+        version = entry_point.dist.version if entry_point.dist else "?"
+        info = PluginInfo(entry_point.name, distribution, version, entry_point.value)
+        key = f"{distribution}:{entry_point.name}"
+        self.plugins[key] = info
+        try:
+            module = entry_point.load()
+            self.pm.register(module, name=key)
+        except Exception as error:  # a broken plugin must not take the CLI down
+            info.error = f"{type(error).__name__}: {error}"
+            warnings.warn(f"agenttune plugin {entry_point.name!r} ({distribution}) failed to load: {info.error}",
+                          stacklevel=2)
+
+    def register(self, plugin: ModuleType | object, name: str, distribution: str = "(registered)") -> None:
+        """Register an in-process plugin (a module or object with hookimpls), e.g. from a test."""
+        self.pm.register(plugin, name=name)
+        self.plugins[name] = PluginInfo(name, distribution, "", getattr(plugin, "__name__", repr(plugin)))
+        self._components = None
+        self._sections = None
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self.plugins.pop(name, None)
+        self._components = None
+        self._sections = None
+
+    # -- the registry --------------------------------------------------------------------------
+    def _call(self, hook_name: str, *args: Any) -> list[tuple[PluginInfo, Any]]:
+        """Call one hook on every plugin separately, so results are attributed and failures isolated."""
+        results = []
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            info = self.plugins.get(impl.plugin_name)
+            if info is None or info.error:
+                continue
+            try:
+                result = impl.function(*args)
+            except Exception as error:  # isolate: the plugin's other hooks still count
+                problem = f"{hook_name} raised {type(error).__name__}: {error}"
+                info.hook_errors.append(problem)
+                warnings.warn(f"agenttune plugin {info.name!r} is broken: {problem}", stacklevel=2)
+                if self.trace:
+                    traceback.print_exc()
+                continue
+            if self.trace:
+                print(f"[agenttune trace] {hook_name} <- {info.name}: {result!r}", file=sys.stderr)
+            if result is not None:
+                results.append((info, result))
+        return results
+
+    def components(self) -> dict[str, dict[str, Provided]]:
+        if self._components is None:
+            self._components = {kind: self._collect(kind) for kind in KINDS}
+        return self._components
+
+    def _collect(self, kind: str) -> dict[str, Provided]:
+        hook_name, label = KINDS[kind]
+        found: dict[str, Provided] = {}
+        for info, classes in self._call(hook_name):
+            for cls in classes:
+                name = getattr(cls, "name", "")
+                if not name:
+                    raise PluginError(f"Plugin {info.name!r} ({info.distribution}) registers a {label} "
+                                      f"class {cls.__qualname__} without a `name`.",
+                                      hint="Give the class a unique `name` class attribute.")
+                if name in found and found[name].cls is not cls:
+                    other = found[name].plugin
+                    raise PluginError(
+                        f"Two plugins provide a {label} named {name!r}: {other.distribution} "
+                        f"(plugin {other.name!r}) and {info.distribution} (plugin {info.name!r}).",
+                        hint="Uninstall one of them, or disable one with AGENTTUNE_DISABLE_PLUGINS=<name>.",
+                    )
+                found[name] = Provided(cls, info)
+                info.provides[kind].append(name)
+        return found
+
+    def get(self, kind: str, name: str, *, key: str | None = None) -> type:
+        """The class registered as `name`, or a PluginError that lists what is available."""
+        provided = self.components()[kind]
+        if name in provided:
+            return provided[name].cls
+        label = KINDS[kind][1]
+        available = ", ".join(sorted(provided)) or "none"
+        where = f"{key}: " if key else ""
+        broken = [info.name for info in self.plugins.values() if info.problem]
+        extra = f" Broken plugins (see `agenttune plugins list`): {', '.join(broken)}." if broken else ""
+        raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.{extra}",
+                          hint="Check the spelling, or install the plugin that provides it.")
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self.components()[kind])
+
+    def config_sections(self) -> dict[str, type]:
+        if self._sections is None:
+            self._sections = {}
+            for info, sections in self._call("register_config_sections"):
+                for section, model in sections.items():
+                    if section in self._sections:
+                        other = self._sections[section][1]
+                        raise PluginError(f"Plugins {other.distribution} and {info.distribution} both define "
+                                          f"the config section {section!r}.",
+                                          hint="Uninstall or disable one of them.")
+                    self._sections[section] = (model, info)
+                    info.config_sections.append(section)
+        return {section: model for section, (model, _) in self._sections.items()}
+
+    def register_commands(self, app: Any) -> None:
+        self._call("register_commands", app)
+
+    def infos(self) -> list[PluginInfo]:
+        self.components()
+        self.config_sections()
+        return sorted(self.plugins.values(), key=lambda info: (info.distribution != CORE_DISTRIBUTION, info.name))
+
+
+def _names_from_env(variable: str) -> set[str] | None:
+    value = os.environ.get(variable)
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+@cache
+def get_plugin_manager() -> PluginManager:
+    manager = PluginManager()
+    manager.load_entry_points()
+    return manager
+
+
+def get_component(kind: str, name: str, *, key: str | None = None) -> type:
+    return get_plugin_manager().get(kind, name, key=key)

@@ -1,0 +1,30 @@
+"""Task readers turn a task source into `Task`s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+from agenttune.judge import NoOptions
+from agenttune.task import Task
+
+
+class TaskReader:
+    """Reads the tasks of one split.
+
+    A reader class has a unique `name` (the config's `task_reader.type`) and an `Options` pydantic model
+    validated from the other keys of the `task_reader:` section. `read(split)` yields `Task`s with
+    ids unique within the split. It raises `UserError` (never returns nothing silently) when the
+    source is missing, a required column is absent, or the split is empty.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, options: BaseModel | None = None):
+        self.options = options if options is not None else self.Options()
+
+    def read(self, split: str) -> Iterator[Task]:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must implement read(split)")
