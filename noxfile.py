@@ -37,3 +37,45 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.5")
     session.run("ruff", "check", "src", "tests", "plugins", "examples", "bench", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def verl(session: nox.Session) -> None:
+    """The verl backbone plugin, against verl 0.9.1's real agent-loop modules and Hydra configs (CPU)."""
+    # torch is named in every install so that nothing resolves it to a CUDA wheel; verl 0.9.1
+    # requires transformers <5.11 and its verl-core extra brings what the agent-loop modules import.
+    session.install(CPU_TORCH)
+    session.install(CPU_TORCH, "verl[verl-core]==0.9.1", "transformers>=5.5.3,<5.11")
+    session.install(CPU_TORCH, "-e", ".[dev]", "-e", "plugins/verl")
+    session.run("pytest", "plugins/verl/tests", *session.posargs)
+
+
+def _agentscope_session(session: nox.Session, line: str, agentscope: str) -> None:
+    install_core(session, "local")  # the tests run a tiny transformers tokenizer; the example trains locally
+    # The math judge: the math_agent example's smoke test runs it.
+    session.install(CPU_TORCH, "-e", f"plugins/agentscope[{line}]", agentscope, "-e", "plugins/judges/gsm8k")
+    session.run("pytest", "plugins/agentscope/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def agentscope1(session: nox.Session) -> None:
+    """The AgentScope plugin on the latest AgentScope 1.0.x (ReActAgent, the seeds' line)."""
+    _agentscope_session(session, "agentscope1", "agentscope>=1.0,<1.1")
+
+
+@nox.session(python=PYTHON)
+def agentscope2(session: nox.Session) -> None:
+    """The AgentScope plugin on AgentScope 2.0.10 (2.0.11 pins a certifi newer than PyPI serves)."""
+    _agentscope_session(session, "agentscope2", "agentscope==2.0.10")
+
+
+@nox.session(python=PYTHON)
+def trinity(session: nox.Session) -> None:
+    """The Trinity-RFT backbone plugin, against trinity-rft 0.6.0's real config, buffer and workflow code (CPU)."""
+    # trinity-rft's own requirements resolve verl and need vLLM for GPUs; neither installs usefully on a
+    # CPU machine. So: trinity-rft with --no-deps, plus what its config, buffer, workflow and explorer
+    # modules import (the plugin's `cpu` extra); the tests stub `vllm` where Trinity imports it.
+    session.install(CPU_TORCH)
+    session.install("--no-deps", "trinity-rft==0.6.0")
+    session.install(CPU_TORCH, "-e", ".[dev,local]", "-e", "plugins/trinity[cpu]")
+    session.run("pytest", "plugins/trinity/tests", *session.posargs)

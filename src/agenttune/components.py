@@ -69,11 +69,23 @@ def resolve_judge_class(config: AgentTuneConfig) -> type | None:
     return judge
 
 
+def resolve_task_reader(config: AgentTuneConfig) -> Any:
+    """The configured task reader, with its options validated."""
+    reader_cls = get_component("task_readers", config.task_reader.type, key="task_reader.type")
+    return reader_cls(component_options(reader_cls, config.task_reader, "task_reader"))
+
+
+def configured_splits(config: AgentTuneConfig) -> list[str]:
+    return [split for split in (config.task_reader.train_split, config.task_reader.validation_split) if split]
+
+
 def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Components:
     backbone = get_component("backbones", config.backbone, key="backbone")
     framework = get_component("agent_frameworks", config.agent_framework, key="agent_framework")
-    reader_cls = get_component("task_readers", config.task_reader.type, key="task_reader.type")
-    reader_options = component_options(reader_cls, config.task_reader, "task_reader")
+    reader = resolve_task_reader(config)
+    if callable(getattr(reader, "check", None)):  # readers not derived from TaskReader may lack it
+        reader.check(configured_splits(config))
+    reader_cls, reader_options = type(reader), reader.options
     workflow = resolve_workflow(config)
     if workflow is None and need_workflow:
         raise UserError("workflow is not set.",

@@ -12,11 +12,10 @@ Plugins may add top-level sections of their own through the `register_config_sec
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,18 +24,46 @@ class Section(BaseModel):
 
 
 class ComponentSection(BaseModel):
-    """A section that names a component by `type`; the other keys are that component's options."""
+    """A section that names a component by `type`; the other keys are that component's options.
+
+    The options may also sit in a sub-section named after the type (ASTune's shape):
+    `{type: huggingface, huggingface: {dataset_path: ...}}` reads as `{type: huggingface, dataset_path: ...}`.
+    """
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_named_options(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("type"), str) and isinstance(data.get(data["type"]), dict):
+            nested = data[data["type"]]
+            data = {**nested, **{key: value for key, value in data.items() if key != data["type"]}}
+        return data
+
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+
+# ASTune's names for the built-in readers and their split keys, accepted so its configs load unchanged.
+LEGACY_READER_TYPES = {"huggingface_dat_repo": "huggingface", "dataset_file": "file"}
+LEGACY_SPLIT_KEYS = {"training_split": "train_split"}
 
 
 class TaskReaderConfig(ComponentSection):
     type: str = Field(default="file", description="Task reader name: file, huggingface, or one from a plugin.")
     train_split: str = Field(default="train", description="Split used for training.")
     validation_split: str | None = Field(default=None, description="Split used for validation (none: skip).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_legacy_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = cls._flatten_named_options(data)
+        data = {LEGACY_SPLIT_KEYS.get(key, key): value for key, value in data.items()}
+        if data.get("type") in LEGACY_READER_TYPES:
+            data["type"] = LEGACY_READER_TYPES[data["type"]]
+        return data
 
 
 class JudgeConfig(ComponentSection):
@@ -136,6 +163,12 @@ class LocalConfig(Section):
     lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
     lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")
     lora_target_modules: list[str] | str = Field(default="all-linear", description="Modules LoRA adapts.")
+    mini_batches: int = Field(
+        default=1, gt=0, description="Optimizer updates per step: the step's samples are split into this many mini-batches."
+    )
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over the step's samples (each pass does `mini_batches` updates).")
+    keep_checkpoints: int = Field(default=2, gt=0, description="How many of the newest checkpoints to keep on disk.")
+    plot: bool = Field(default=True, description="Write training_curves.png into the run directory at the end.")
 
 
 class DebugConfig(Section):
@@ -147,6 +180,14 @@ class MonitorConfig(Section):
     tensorboard: bool = Field(default=True, description="Write TensorBoard event files to <run_dir>/tensorboard.")
     wandb: bool = Field(default=False, description="Log to Weights & Biases (needs wandb installed).")
     swanlab: bool = Field(default=False, description="Log to SwanLab (needs swanlab installed).")
+
+
+class RayConfig(Section):
+    address: str | None = Field(
+        default=None,
+        description="Ray cluster to join (e.g. 'ray://head:10001' or 'auto'), for the verl and trinity backbones; "
+        "none: start a local Ray head on this machine.",
+    )
 
 
 class AgentTuneConfig(BaseSettings):
@@ -161,18 +202,28 @@ class AgentTuneConfig(BaseSettings):
     workflow: str | None = Field(default=None, description="'module:Class' of your Workflow subclass.")
     agent_framework: str = Field(default="openai", description="Agent framework: openai, agentscope, aworld, ...")
     backbone: str = Field(default="local", description="Backbone: debug, local, verl, trinity (--backbone overrides).")
-    task_reader: TaskReaderConfig = Field(default_factory=TaskReaderConfig)
-    judge: JudgeConfig = Field(default_factory=JudgeConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    local: LocalConfig = Field(default_factory=LocalConfig)
-    debug: DebugConfig = Field(default_factory=DebugConfig)
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    task_reader: TaskReaderConfig = Field(
+        default_factory=TaskReaderConfig,
+        description="Where tasks come from: the reader's `type`, the split names, and the reader's own options.",
+    )
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="How episodes are scored: the judge's `type` and its own options."
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model under training.")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig, description="The inference engine behind the gateway: `type` and its options."
+    )
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig, description="The OpenAI-compatible endpoint agents talk to."
+    )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Running episodes.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Batches and length limits.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="The RL objective (GRPO).")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The training schedule.")
+    local: LocalConfig = Field(default_factory=LocalConfig, description="The `local` backbone (one machine).")
+    debug: DebugConfig = Field(default_factory=DebugConfig, description="The `debug` backbone.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Where metrics are logged.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="The Ray cluster (cluster backbones).")
     verl: dict[str, Any] = Field(default_factory=dict, description="Passed through to verl's config (verl backbone).")
     trinity: dict[str, Any] = Field(default_factory=dict, description="Passed through to Trinity-RFT's config.")
 

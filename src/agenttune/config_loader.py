@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from agenttune.config import AgentTuneConfig, ComponentSection
@@ -20,10 +21,16 @@ from agenttune.plugins import get_plugin_manager
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"Config file {str(path)!r} does not exist.", hint="Check the path given to --conf.")
+    if path.is_dir():
+        raise UserError(f"Config file {str(path)!r} is a directory.", hint="Pass the YAML file itself to --conf.")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"Cannot read config file {str(path)!r}: {error}.") from error
+    except UnicodeDecodeError as error:
+        raise UserError(f"Config file {str(path)!r} is not UTF-8 text ({error.reason} at byte {error.start}).",
+                        hint="Save it as UTF-8.") from error
+    except OSError as error:
+        raise UserError(f"Cannot read config file {str(path)!r}: {error.strerror or error}.",
+                        hint="Check the file's permissions.") from error
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -37,7 +44,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"Config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}.")
+        raise UserError(f"Config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}.",
+                        hint="Start it with top-level keys such as `workflow:` and `task_reader:`.")
     # ASTune configs wrap everything in one top-level key; accept that shape.
     for wrapper in ("agenttune", "astuner", "astune"):
         if set(data) == {wrapper} and isinstance(data[wrapper], dict):
@@ -72,13 +80,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-@cache
 def config_model() -> type[AgentTuneConfig]:
-    """AgentTuneConfig plus the sections plugins register."""
+    """AgentTuneConfig plus the sections the registered plugins add."""
     sections = get_plugin_manager().config_sections()
+    return _model_with_sections(tuple(sorted(sections.items(), key=lambda item: item[0])))
+
+
+@cache
+def _model_with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[AgentTuneConfig]:
     if not sections:
         return AgentTuneConfig
-    fields = {name: (model, model()) for name, model in sections.items()}
+    fields = {name: (model, Field(default_factory=model)) for name, model in sections}
     return create_model("AgentTuneConfig", __base__=AgentTuneConfig, **fields)  # type: ignore[call-overload]
 
 
@@ -96,7 +108,7 @@ class _DictSource(PydanticBaseSettingsSource):
         return self.data
 
 
-def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source: str = "config") -> AgentTuneConfig:
+def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source: str = "") -> AgentTuneConfig:
     """Validate with priority overrides > environment > YAML > defaults."""
     model = config_model()
 
@@ -109,7 +121,7 @@ def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source
     try:
         validated = Sourced(**overrides)
     except ValidationError as error:
-        raise UserError(describe_validation_error(error, model, source)) from error
+        raise UserError(describe_validation_error(error, model, source, overrides)) from error
     return model.model_validate(validated.model_dump())
 
 
@@ -121,28 +133,50 @@ def load_config(conf: str | Path | None, overrides: list[str] = (), **fixed: Any
     for key, value in fixed.items():
         if value is not None:
             override_data[key] = value
-    config = build_config(yaml_data, override_data, source=str(path) if path else "config")
+    config = build_config(yaml_data, override_data, source=str(path) if path else "")
     if path is not None:
         config._source_dir = path.resolve().parent  # where workflow modules next to the YAML are found
     return config
 
 
-def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
-    problems = [_describe_one(item, model) for item in error.errors()]
+def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str,
+                              overrides: dict[str, Any] | None = None) -> str:
+    problems = [_describe_one(item, model) + _origin(item["loc"], overrides or {}) for item in error.errors()]
     shown = "; ".join(problems[:5])
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-    return f"Invalid configuration in {source}: {shown}{more}."
+    return f"Invalid configuration{f' in {source}' if source else ''}: {shown}{more}"
 
 
-def _describe_one(item: dict[str, Any], model: type[BaseModel]) -> str:
+def _origin(location: tuple[Any, ...], overrides: dict[str, Any]) -> str:
+    """Where a bad value came from, when not from the YAML file: the command line or the environment."""
+    node: Any = overrides
+    for part in location:
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return " (from the command line)"
+    for depth in range(len(location), 0, -1):
+        variable = "AGENTTUNE_" + "__".join(str(part) for part in location[:depth]).upper()
+        if variable in os.environ:
+            return f" (from the environment variable {variable})"
+    return ""
+
+
+def _describe_one(item: dict[str, Any], model: type[BaseModel], prefix: str = "") -> str:
+    """One validation problem, naming the key path (`prefix` is where `model` sits in the config)."""
     location = [str(part) for part in item["loc"]]
-    key = ".".join(location) or "(top level)"
+    path = [prefix, *location] if prefix else location
+    key = ".".join(path) or "(top level)"
     if item["type"] == "extra_forbidden":
         siblings = _field_names_at(model, location[:-1])
         guess = difflib.get_close_matches(location[-1], siblings, n=1)
-        suggestion = f" — did you mean {'.'.join(location[:-1] + [guess[0]])!r}?" if guess else ""
-        valid = f" Valid keys here: {', '.join(sorted(siblings))}." if siblings and not guess else ""
-        return f"unknown key {key!r}{suggestion}{valid}"
+        if guess:
+            return f"unknown key {key!r}; did you mean {'.'.join([*path[:-1], guess[0]])!r}?"
+        valid = f" (valid keys here: {', '.join(sorted(siblings))})" if siblings else ""
+        return f"unknown key {key!r}{valid}"
+    if item["type"] == "missing":
+        return f"{key} is required"
     value = item.get("input")
     shown = repr(value) if not isinstance(value, dict) else "a mapping"
     if len(shown) > 60:
@@ -166,6 +200,7 @@ def component_options(component: type, section: ComponentSection, key: str) -> B
     try:
         return options_model.model_validate(section.options())
     except ValidationError as error:
-        problems = "; ".join(_describe_one(item, options_model) for item in error.errors()[:5])
-        raise UserError(f"Invalid options for {key} (type {getattr(component, 'name', '?')!r}): {problems}.",
-                        hint="See `agenttune plugins list` and the component's docs for its options.") from error
+        problems = "; ".join(_describe_one(item, options_model, prefix=key) for item in error.errors()[:5])
+        name = getattr(component, "name", "?")
+        raise UserError(f"Invalid options for {key} (type {name!r}): {problems}",
+                        hint=f"See the {name!r} options in `agenttune config docs` or the component's docs.") from error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
@@ -51,6 +51,15 @@ class InferenceEngine:
     name: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel]] = NoOptions
     returns_token_ids: ClassVar[bool] = True
+
+    @classmethod
+    def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
+        """Build the engine for a run (`agenttune.engines.build_engine` calls this).
+
+        `options` is the validated `engine:` section; `model` is an already-loaded model to share
+        with a trainer, for engines that can use one.
+        """
+        return cls()
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None

@@ -8,14 +8,20 @@ The CLI prints its message as one short paragraph and exits with code 2, without
 from __future__ import annotations
 
 
+def sentence(text: str) -> str:
+    """`text` stripped and ending in a full stop, unless it already ends in punctuation."""
+    text = text.strip()
+    return text if not text or text[-1] in ".?!:" else text + "."
+
+
 class UserError(Exception):
     """A mistake in the user's input, explained in one paragraph that says how to fix it."""
 
     exit_code = 2
 
     def __init__(self, message: str, *, hint: str | None = None):
-        self.message = message.strip()
-        self.hint = hint
+        self.message = sentence(message)
+        self.hint = sentence(hint) if hint else None
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -24,3 +30,7 @@ class UserError(Exception):
 
 class PluginError(UserError):
     """Two plugins clash, or a requested plugin is missing or broken."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin failed to load or one of its hooks raised; the rest of agenttune keeps working."""

@@ -4,6 +4,8 @@ A plugin is an installed distribution with an entry point in the `agenttune` gro
 module that implements some of these hooks with `@agenttune.hookimpl`. The `register_*` hooks return
 classes (not instances); each class has a unique `name`. Keep plugin modules light: import heavy
 libraries (torch, verl, agent frameworks) inside methods so that `agenttune --help` stays fast.
+
+Every hook here is documented in docs/plugins.md (a test checks it): add the docs with the hook.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     import typer
     from pydantic import BaseModel
+
+    from agenttune.config import AgentTuneConfig
+    from agenttune.run import Run
 
 hookspec = pluggy.HookspecMarker("agenttune")
 hookimpl = pluggy.HookimplMarker("agenttune")
@@ -50,6 +57,15 @@ def register_config_sections() -> dict[str, type[BaseModel]] | None:
     """Return extra top-level config sections this plugin owns, as `{section_name: pydantic model}`.
 
     The section is validated with the model and available as `config.section(name)`.
+    """
+
+
+@hookspec
+def run_services(config: AgentTuneConfig, run: Run) -> AbstractContextManager[Any] | None:
+    """Return a context manager for a service this run needs (an environment server, ...), or None.
+
+    `agenttune train` enters every returned manager before the backbone starts and exits them, in
+    reverse order, when the run ends however it ends (see agenttune.services).
     """
 
 

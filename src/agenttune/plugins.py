@@ -12,10 +12,13 @@ Environment variables:
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import traceback
 import warnings
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -25,7 +28,7 @@ from typing import Any
 import pluggy
 
 from agenttune import hookspecs
-from agenttune.errors import PluginError
+from agenttune.errors import PluginError, PluginWarning
 
 ENTRY_POINT_GROUP = "agenttune"
 CORE_DISTRIBUTION = "agenttune"
@@ -85,6 +88,7 @@ class PluginManager:
         self.plugins: dict[str, PluginInfo] = {}
         self._components: dict[str, dict[str, Provided]] | None = None
         self._sections: dict[str, tuple[type, PluginInfo]] | None = None
+        self._commands_added: dict[int, set[str]] = {}
         self.trace = os.environ.get("AGENTTUNE_TRACE_PLUGINS", "") not in ("", "0", "false")
 
     # -- loading -----------------------------------------------------------------------------
@@ -104,46 +108,65 @@ class PluginManager:
         info = PluginInfo(entry_point.name, distribution, version, entry_point.value)
         key = f"{distribution}:{entry_point.name}"
         self.plugins[key] = info
+        if self.trace:
+            print(f"[agenttune trace] load {entry_point.name} = {entry_point.value} ({distribution} {version})",
+                  file=sys.stderr)
         try:
             module = entry_point.load()
             self.pm.register(module, name=key)
         except Exception as error:  # a broken plugin must not take the CLI down
             info.error = f"{type(error).__name__}: {error}"
             warnings.warn(f"agenttune plugin {entry_point.name!r} ({distribution}) failed to load: {info.error}",
-                          stacklevel=2)
+                          PluginWarning, stacklevel=2)
+            if self.trace:
+                traceback.print_exc()
 
-    def register(self, plugin: ModuleType | object, name: str, distribution: str = "(registered)") -> None:
+    def register(self, plugin: ModuleType | object, name: str, *, distribution: str = "(registered)",
+                 version: str = "") -> None:
         """Register an in-process plugin (a module or object with hookimpls), e.g. from a test."""
+        if name in self.plugins:
+            raise ValueError(f"a plugin named {name!r} is already registered")
         self.pm.register(plugin, name=name)
-        self.plugins[name] = PluginInfo(name, distribution, "", getattr(plugin, "__name__", repr(plugin)))
-        self._components = None
-        self._sections = None
+        module = getattr(plugin, "__name__", type(plugin).__qualname__)
+        self.plugins[name] = PluginInfo(name, distribution, version, module)
+        self._forget_components()
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
         self.plugins.pop(name, None)
+        self._forget_components()
+
+    def _forget_components(self) -> None:
+        """Registration changed: collect components again on next use, with fresh per-plugin records."""
         self._components = None
         self._sections = None
+        for info in self.plugins.values():
+            # register_commands runs once per app, so its failures are kept; the rest are recomputed.
+            info.hook_errors = [problem for problem in info.hook_errors if problem.startswith("register_commands")]
+            info.provides = {kind: [] for kind in KINDS}
+            info.config_sections = []
 
     # -- the registry --------------------------------------------------------------------------
-    def _call(self, hook_name: str, *args: Any) -> list[tuple[PluginInfo, Any]]:
+    def _call(self, hook_name: str, *args: Any, skip: Collection[str] = ()) -> list[tuple[PluginInfo, Any]]:
         """Call one hook on every plugin separately, so results are attributed and failures isolated."""
         results = []
         for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
             info = self.plugins.get(impl.plugin_name)
-            if info is None or info.error:
+            if info is None or info.error or impl.plugin_name in skip:
                 continue
             try:
                 result = impl.function(*args)
             except Exception as error:  # isolate: the plugin's other hooks still count
                 problem = f"{hook_name} raised {type(error).__name__}: {error}"
                 info.hook_errors.append(problem)
-                warnings.warn(f"agenttune plugin {info.name!r} is broken: {problem}", stacklevel=2)
+                warnings.warn(f"agenttune plugin {info.name!r} ({info.distribution}) is broken: {problem}",
+                              PluginWarning, stacklevel=2)
                 if self.trace:
                     traceback.print_exc()
                 continue
             if self.trace:
-                print(f"[agenttune trace] {hook_name} <- {info.name}: {result!r}", file=sys.stderr)
+                print(f"[agenttune trace] {hook_name}() <- {info.name} ({info.distribution}): {result!r}",
+                      file=sys.stderr)
             if result is not None:
                 results.append((info, result))
         return results
@@ -157,7 +180,7 @@ class PluginManager:
         hook_name, label = KINDS[kind]
         found: dict[str, Provided] = {}
         for info, classes in self._call(hook_name):
-            for cls in classes:
+            for cls in [classes] if isinstance(classes, type) else classes:
                 name = getattr(cls, "name", "")
                 if not name:
                     raise PluginError(f"Plugin {info.name!r} ({info.distribution}) registers a {label} "
@@ -205,7 +228,11 @@ class PluginManager:
         return {section: model for section, (model, _) in self._sections.items()}
 
     def register_commands(self, app: Any) -> None:
-        self._call("register_commands", app)
+        """Let plugins add CLI sub-commands; each plugin is asked once per app."""
+        done = self._commands_added.setdefault(id(app), set())
+        skip = set(done)
+        done.update(impl.plugin_name for impl in self.pm.hook.register_commands.get_hookimpls())
+        self._call("register_commands", app, skip=skip)
 
     def infos(self) -> list[PluginInfo]:
         self.components()
@@ -229,3 +256,56 @@ def get_plugin_manager() -> PluginManager:
 
 def get_component(kind: str, name: str, *, key: str | None = None) -> type:
     return get_plugin_manager().get(kind, name, key=key)
+
+
+def make_plugin(
+    *,
+    task_readers: list[type] = (),
+    agent_frameworks: list[type] = (),
+    judges: list[type] = (),
+    backbones: list[type] = (),
+    engines: list[type] = (),
+    config_sections: dict[str, type] | None = None,
+    commands: Callable[[Any], Any] | None = None,
+) -> object:
+    """A plugin object implementing the hooks for the classes given (for tests and in-process use)."""
+    hookimpl = hookspecs.hookimpl
+    returns = {"task_readers": task_readers, "agent_frameworks": agent_frameworks, "judges": judges,
+               "backbones": backbones, "engines": engines}
+    namespace: dict[str, Any] = {}
+    for kind, classes in returns.items():
+        if classes:
+            namespace[KINDS[kind][0]] = hookimpl(_returning(list(classes)))
+    if config_sections:
+        namespace["register_config_sections"] = hookimpl(_returning(dict(config_sections)))
+    if commands is not None:
+        namespace["register_commands"] = hookimpl(lambda app: commands(app))
+    return type("InProcessPlugin", (), {name: staticmethod(function) for name, function in namespace.items()})()
+
+
+def _returning(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+_plugin_numbers = itertools.count(1)
+
+
+@contextmanager
+def registered_plugin(plugin: object | None = None, *, name: str | None = None,
+                      distribution: str = "(test)", **provides: Any) -> Iterator[object]:
+    """Register a plugin for the duration of a `with` block.
+
+    Pass a module or object with `@hookimpl` functions, or the classes it provides as keywords
+    (`backbones=[MyBackbone]`, see `make_plugin`).
+    """
+    if plugin is None:
+        plugin = make_plugin(**provides)
+    elif provides:
+        raise TypeError("pass either a plugin object or the classes it provides, not both")
+    name = name or f"test-plugin-{next(_plugin_numbers)}"
+    manager = get_plugin_manager()
+    manager.register(plugin, name=name, distribution=distribution)
+    try:
+        yield plugin
+    finally:
+        manager.unregister(name)

@@ -26,5 +26,12 @@ class TaskReader:
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()
 
+    def check(self, splits: list[str]) -> None:
+        """Fail early, with a UserError, when a split's source is plainly missing.
+
+        Cheap checks only (no downloads, no reading every row): `agenttune train` calls this before any
+        heavy work starts. The default checks nothing.
+        """
+
     def read(self, split: str) -> Iterator[Task]:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement read(split)")

@@ -37,3 +37,18 @@ def schema() -> None:
     from agenttune.config_loader import config_model
 
     typer.echo(json.dumps(config_model().model_json_schema(), indent=2))
+
+
+@app.command("docs")
+def docs(
+    output: Path = typer.Option(None, "--output", "-o", help="Write to this file instead of printing."),
+) -> None:
+    """Print the configuration reference as Markdown (docs/config.md is generated with this)."""
+    from agenttune.config_docs import generate
+
+    text = generate()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {output}")

@@ -2,17 +2,20 @@
 
 Keep this module's imports light: `agenttune --help` must not import torch, transformers, verl or
 any agent framework. Sub-commands import what they need when they run.
+
+Every `UserError` ends the command with one paragraph on stderr and exit code 2; `--debug` shows
+the traceback instead.
 """
 
 from __future__ import annotations
 
-import os
 import sys
+import warnings
 
 import typer
 
-from agenttune.cli import config_cmd, plugins_cmd, train_cmd
-from agenttune.errors import UserError
+from agenttune.cli import config_cmd, data_cmd, plugins_cmd, train_cmd
+from agenttune.errors import PluginWarning, UserError
 
 app = typer.Typer(
     name="agenttune",
@@ -23,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(config_cmd.app, name="config")
+app.add_typer(data_cmd.app, name="data")
 train_cmd.register(app)
 
 
@@ -30,46 +34,49 @@ train_cmd.register(app)
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
 ) -> None:
-    if debug:
-        os.environ["AGENTTUNE_DEBUG"] = "1"
-
-
-def _register_plugin_commands() -> None:
-    from agenttune.plugins import get_plugin_manager
-
-    # Only plugins that implement register_commands are asked; discovery itself is cheap.
-    get_plugin_manager().register_commands(app)
+    pass  # `main` reads --debug itself: errors raised before the callback runs need it too
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--debug" in args:
-        os.environ["AGENTTUNE_DEBUG"] = "1"
-    try:
-        _register_plugin_commands()
-        app(args=args, prog_name="agenttune", standalone_mode=False)
-    except UserError as error:
-        if os.environ.get("AGENTTUNE_DEBUG"):
-            raise
-        from rich.console import Console
-
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]Error:[/] {error.render()}")
-        raise SystemExit(error.exit_code) from None
-    except SystemExit:
-        raise
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except Exception as error:
-        import click
-
-        if isinstance(error, click.exceptions.Abort):
-            raise SystemExit(130) from None
-        if isinstance(error, click.ClickException):
-            error.show()
+    debug = "--debug" in args
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_plugin_warnings(warnings.showwarning)
+        try:
+            _run(args)
+        except UserError as error:
+            if debug:
+                raise
+            _print_error(error.render())
             raise SystemExit(error.exit_code) from None
-        if isinstance(error, click.exceptions.Exit):
-            raise SystemExit(error.exit_code) from None
-        raise
+
+
+def _run(args: list[str]) -> None:
+    from agenttune.plugins import get_plugin_manager
+
+    get_plugin_manager().register_commands(app)
+    # Standalone mode: usage errors, --help and Ctrl-C are handled (and exit) the usual way; a
+    # UserError passes through to `main`.
+    app(args=args, prog_name="agenttune", standalone_mode=True)
+
+
+def _print_error(message: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]Error:[/] {escape(message)}")
+
+
+def _show_plugin_warnings(default):
+    """Plugin warnings as one line each ("Warning: ..."), without Python's source-line noise."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PluginWarning):
+            print(f"Warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
 
 
 if __name__ == "__main__":

@@ -20,9 +20,8 @@ def train(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
 ) -> None:
     """Train (or, with --backbone debug, just roll out and judge) the configured workflow."""
-    from agenttune.training import train_from_config
-
     from agenttune.config_loader import load_config
+    from agenttune.training import train_from_config
 
     config = load_config(conf, overrides or [], backbone=backbone, agent_framework=agent)
     train_from_config(config, run_dir=run_dir, resume=resume)

@@ -1,0 +1,21 @@
+"""Inference engines: `hf` (transformers, batched), `openai` (a served model), `scripted` (tests).
+
+`build_engine(config, tokenizer, model=None)` builds the one `config.engine.type` names. Engine
+modules import torch/transformers inside functions, so registering them stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agenttune.config import AgentTuneConfig
+from agenttune.config_loader import component_options
+from agenttune.engine import InferenceEngine
+from agenttune.plugins import get_component
+
+
+def build_engine(config: AgentTuneConfig, tokenizer: Any, model: Any = None) -> InferenceEngine:
+    """The inference engine of `config.engine`; `model` is an already-loaded model to share (hf)."""
+    engine_cls = get_component("engines", config.engine.type, key="engine.type")
+    options = component_options(engine_cls, config.engine, "engine")
+    return engine_cls.from_config(config, options, tokenizer, model=model)

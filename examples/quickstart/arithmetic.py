@@ -1,0 +1,104 @@
+"""The quickstart's task: arithmetic that a tiny model cannot do in its head, with a calculator tool.
+
+Everything here is generated on the spot (no downloads): the questions, the held-out split, and the
+demonstrations for the short supervised warm-up.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+import re
+from typing import Any
+
+SYSTEM_PROMPT = "Solve the arithmetic problem. You may use the calculator."
+
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def calculate(expression: str) -> str:
+    """Evaluate + - * on integers (and parentheses). Anything else is an error message, not an exception."""
+    try:
+        return str(_evaluate(ast.parse(expression, mode="eval").body))
+    except (SyntaxError, ValueError, RecursionError):
+        return "error: not an arithmetic expression"
+
+
+def _evaluate(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) < 10**6:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand)
+    raise ValueError("unsupported expression")
+
+
+def make_problem(rng: random.Random) -> tuple[str, int]:
+    """An expression like `347 * 28 + 19`: easy to copy, hard to compute without the tool."""
+    a, b, c = rng.randint(10, 999), rng.randint(2, 99), rng.randint(1, 99)
+    first, second = rng.choice("+-*"), rng.choice("+-")
+    expression = f"{a} {first} {b} {second} {c}"
+    return expression, int(calculate(expression))
+
+
+def make_tasks(count: int, seed: int, *, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Rows for the file task reader: {"task_id", "query", "ground_truth"}, with unique expressions."""
+    rng, rows, seen = random.Random(seed), [], set(exclude)
+    while len(rows) < count:
+        expression, answer = make_problem(rng)
+        if expression in seen:
+            continue
+        seen.add(expression)
+        rows.append({"task_id": f"{seed}-{len(rows)}", "query": f"What is {expression}?",
+                     "ground_truth": answer, "expression": expression})
+    return rows
+
+
+def final_answer_text(value: int | str) -> str:
+    return f"The answer is {value}."
+
+
+ANSWER = re.compile(r"answer is\s*(-?\d+)")
+
+
+def parse_final_answer(text: str) -> int | None:
+    match = ANSWER.search(text or "")
+    return int(match.group(1)) if match else None
+
+
+def demonstration(row: dict[str, Any], *, use_tool: bool) -> dict[str, Any]:
+    """One warm-up conversation, always correct: call the calculator and report its result, or state
+    the right answer straight away ("from memory").
+
+    A tiny model cannot imitate the second kind on new problems (it cannot multiply 3-digit numbers in
+    its head), but imitation alone does not tell it that: RL has to discover that calling the
+    calculator is what pays.
+    """
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": row["query"]},
+    ]
+    if use_tool:
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "calculator", "arguments": {"expression": row["expression"]}}}
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": calculate(row["expression"])},
+        ]
+    messages.append({"role": "assistant", "content": final_answer_text(row["ground_truth"])})
+    return {"messages": messages, "tools": [CALCULATOR_TOOL]}

@@ -1,0 +1,1 @@
+"""agenttune's AgentScope plugin: the model under training as an AgentScope chat model."""

@@ -1,0 +1,71 @@
+"""The `agentscope` agent framework: `tuner.as_agentscope_model()` and friends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agenttune.agent_framework import AgentFramework
+from agenttune.errors import UserError
+
+from agenttune_agentscope.options import AgentScopeOptions
+from agenttune_agentscope.version import agentscope_line
+
+if TYPE_CHECKING:
+    from agenttune.tuner import ModelTuner
+
+# The client is agenttune's (it knows the gateway and the episode key); these would be ignored.
+_CLIENT_ARGUMENTS = ("client_args", "client_kwargs", "credential", "api_key")
+
+
+class AgentScopeFramework(AgentFramework):
+    """Hands AgentScope agents (1.x `ReActAgent`, 2.x `Agent`) the model under training.
+
+    `model_for(tuner, agent=None, stream=None, **kwargs)` returns the installed line's
+    `OpenAIChatModel` wired to the episode's gateway endpoint. `agent` names the timeline the calls
+    are recorded on (multi-agent workflows give each agent its own name; `rollout.trainable_targets`
+    picks which are trained). Other keyword arguments go to `OpenAIChatModel` unchanged
+    (1.x: `generate_kwargs`, `reasoning_effort`, ...; 2.x: `parameters`, `formatter`, `context_size`, ...).
+    """
+
+    name = "agentscope"
+
+    def setup(self, run_dir: Path) -> None:
+        from agenttune_agentscope.agent_defaults import install
+
+        install()
+
+    def model_for(self, tuner: ModelTuner, *, agent: str | None = None, stream: bool | None = None,
+                  **kwargs: Any) -> Any:
+        given = [name for name in _CLIENT_ARGUMENTS if name in kwargs]
+        if given:
+            raise UserError(
+                f"as_agentscope_model() got {', '.join(given)}, but the model under training is reached "
+                "through agenttune's gateway with the episode's own key and client.",
+                hint="Drop those arguments; pass sampling settings (generate_kwargs / parameters) instead.",
+            )
+        from agenttune_agentscope.agent_defaults import install
+
+        install()  # also when no backbone called setup(), e.g. a workflow driven from a test
+        options = _options(tuner)
+        if stream is None:
+            stream = options.stream
+        api_key = tuner.api_key_for(agent)
+        kwargs.setdefault("model_name" if agentscope_line() == 1 else "model", tuner.model_name)
+        if agentscope_line() == 1:
+            from agenttune_agentscope import v1
+
+            return v1.build_model(tuner, agent=agent, api_key=api_key, stream=stream, **kwargs)
+        from agenttune_agentscope import v2
+
+        return v2.build_model(tuner, agent=agent, api_key=api_key, stream=stream, options=options,
+                              max_model_len=tuner.config.model.max_model_len, **kwargs)
+
+
+def _options(tuner: ModelTuner) -> AgentScopeOptions:
+    """The `agentscope:` section of the run's config (its defaults when the config has none)."""
+    try:
+        section = tuner.config.section("agentscope")
+    except AttributeError:
+        return AgentScopeOptions()
+    return section if isinstance(section, AgentScopeOptions) else AgentScopeOptions.model_validate(section)

@@ -1,0 +1,61 @@
+"""The `trinity` backbone: GRPO on a Ray GPU cluster through Trinity-RFT 0.6.0."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from agenttune.backbone import Backbone
+from agenttune.errors import UserError
+
+from agenttune_trinity.translation import TrinityPaths, generated_config, trinity_config
+
+if TYPE_CHECKING:
+    from agenttune.config import AgentTuneConfig
+    from agenttune.run import Run
+
+
+class TrinityBackbone(Backbone):
+    name: ClassVar[str] = "trinity"
+    description: ClassVar[str] = "GRPO on a Ray GPU cluster through Trinity-RFT 0.6.0 (vLLM rollouts, verl training)."
+
+    @classmethod
+    def check(cls, config: AgentTuneConfig) -> None:
+        """Config-level checks only: GPUs and vLLM are looked for when the run finds its Ray cluster."""
+        require_trinity()
+        for problem in config_problems(config):
+            raise problem
+        generated_config(config, TrinityPaths.placeholder(config))  # raises what the table cannot translate
+
+    @classmethod
+    def native_config(cls, config: AgentTuneConfig) -> dict[str, Any]:
+        """Trinity's config for `config`; run-specific paths are shown as `<run_dir>/...`."""
+        return trinity_config(config, TrinityPaths.placeholder(config))
+
+    def run(self, run: Run) -> None:
+        from agenttune.components import resolve
+
+        from agenttune_trinity.launch import launch
+
+        launch(run, resolve(run.config))
+
+
+def require_trinity() -> None:
+    if importlib.util.find_spec("trinity") is None:
+        raise UserError("The trinity backbone needs Trinity-RFT 0.6.0, which is not installed in this environment.",
+                        hint="pip install 'agenttune-plugin-trinity[trinity]' (Trinity-RFT with vLLM, for GPU "
+                             "machines). It conflicts with the verl plugin's verl version: use its own environment.")
+
+
+def config_problems(config: AgentTuneConfig) -> list[UserError]:
+    problems = []
+    if not config.model.path:
+        problems.append(UserError("model.path is not set: Trinity-RFT needs the model to train.",
+                                  hint="Set model.path to a Hugging Face model id or a local model directory."))
+    wants_validation = config.trainer.test_freq > 0 or config.trainer.val_before_train
+    if wants_validation and config.task_reader.validation_split is None:
+        problems.append(UserError(
+            "trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
+            "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
+                                "trainer.val_before_train=false."))
+    return problems

@@ -1,0 +1,12 @@
+"""Registers the `trinity` backbone. Imports nothing heavy: Trinity-RFT is imported when it runs."""
+
+from __future__ import annotations
+
+from agenttune.hookspecs import hookimpl
+
+
+@hookimpl
+def register_backbones():
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    return [TrinityBackbone]

@@ -1,0 +1,322 @@
+"""agenttune's configuration, translated into Trinity-RFT's.
+
+`TRANSLATIONS` is the one table of what agenttune sets in Trinity-RFT 0.6.0's config: each row names a
+Trinity key (dotted path into `trinity.common.config.Config`), the agenttune key(s) it comes from, and
+how its value is computed. Rows whose value is `None` are left out, so Trinity's own default (or its
+validator's auto-detection) applies. The `trinity:` section of the agenttune config is merged on top,
+key by key, so it can override anything here or set what the table does not (see `trinity_config`).
+
+The README's translation table is generated from this one (`markdown_table()`), and the tests load
+the result through Trinity's own `load_config` and `Config.check_and_update()`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agenttune.config import AgentTuneConfig
+from agenttune.errors import UserError
+
+# The Trinity workflow that runs agenttune workflows, by dotted path: Trinity imports it in each of
+# its workflow-runner processes (`WORKFLOWS.get("pkg.mod.Class")`), nothing has to be pre-registered.
+WORKFLOW_TYPE = "agenttune_trinity.workflow.AgentTuneWorkflow"
+# The Trinity monitor that also writes agenttune's `<run_dir>/metrics.jsonl`.
+MONITOR_TYPE = "agenttune_trinity.monitor.AgentTuneMonitor"
+
+TRAIN_TASKSET = "agenttune_train"
+VALIDATION_TASKSET = "agenttune_validation"
+NEVER = 1_000_000_000  # an eval interval no run reaches: "validate only before training"
+# How long Trinity waits for one task's group beyond agenttune's own episode and judge timeouts,
+# which fire first and mark the episode instead of failing the whole group.
+TIMEOUT_SLACK_S = 60
+
+
+@dataclass(frozen=True)
+class TrinityPaths:
+    """Where a run's files live; `placeholder()` is what `config show` prints before a run exists."""
+
+    run_dir: str
+    tasks: str  # the taskset directory: train.jsonl and validation.jsonl (see taskset.py)
+    checkpoints: str
+    model: str  # the model directory (`tiny://` and the like resolved)
+
+    @classmethod
+    def for_run(cls, run_dir: Path, model: str) -> TrinityPaths:
+        run_dir = run_dir.resolve()
+        return cls(str(run_dir), str(run_dir / "trinity" / "tasks"), str(run_dir / "checkpoints"), model)
+
+    @classmethod
+    def placeholder(cls, config: AgentTuneConfig) -> TrinityPaths:
+        return cls("<run_dir>", "<run_dir>/trinity/tasks", "<run_dir>/checkpoints", config.model.path)
+
+    @property
+    def metrics_file(self) -> str:
+        return f"{self.run_dir}/metrics.jsonl"
+
+
+Value = Callable[[AgentTuneConfig, TrinityPaths], Any]
+
+
+@dataclass(frozen=True)
+class Translation:
+    trinity_key: str
+    source: str  # the agenttune key(s) it comes from, for the docs
+    value: Value
+
+
+# -- derived values ---------------------------------------------------------------------------------
+def total_gpus(config: AgentTuneConfig) -> int:
+    return config.trainer.n_gpus_per_node * config.trainer.nnodes
+
+
+def mode(config: AgentTuneConfig) -> str:
+    # One GPU: rollout and training take turns on it (Trinity's `colocate`). More: they split them.
+    return "colocate" if total_gpus(config) == 1 else "both"
+
+
+def rollout_engines(config: AgentTuneConfig) -> int:
+    # Half of the GPUs serve rollouts (one vLLM engine each), the other half train.
+    return max(1, total_gpus(config) // 2) if mode(config) == "both" else 1
+
+
+def runners_per_engine(config: AgentTuneConfig) -> int:
+    # Each Trinity runner rolls out one task's whole group (num_repeat episodes) at once, so this many
+    # runners keep about rollout.max_env_worker episodes in flight per engine.
+    return max(1, config.rollout.max_env_worker // config.rollout.num_repeat)
+
+
+def task_timeout(config: AgentTuneConfig) -> int:
+    rounds = math.ceil(config.rollout.num_repeat / config.rollout.max_env_worker)
+    per_round = config.rollout.episode_timeout + config.judge.timeout
+    return math.ceil(rounds * per_round) + TIMEOUT_SLACK_S
+
+
+def kl_loss(config: AgentTuneConfig) -> str:
+    return config.algorithm.kl_estimator if config.algorithm.kl_coef > 0 else "none"
+
+
+def rollout_dtype(config: AgentTuneConfig) -> str:
+    return "bfloat16" if config.model.dtype == "auto" else config.model.dtype
+
+
+def monitor_inner(config: AgentTuneConfig) -> str | None:
+    """The Trinity monitor agenttune's monitor hands the metrics to (Trinity runs one at a time)."""
+    monitor = config.monitor
+    for name, enabled in (("wandb", monitor.wandb), ("swanlab", monitor.swanlab),
+                          ("tensorboard", monitor.tensorboard)):
+        if enabled:
+            return name
+    return None
+
+
+def workflow_args(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, Any]:
+    """What the Trinity workflow needs to rebuild the agenttune side in its own process: the run
+    directory (its config.yaml) and the config file's directory (workflow modules next to it)."""
+    args = {"agenttune_run_dir": paths.run_dir}
+    if config.source_dir is not None:
+        args["agenttune_source_dir"] = str(config.source_dir)
+    return args
+
+
+def rollout_args(config: AgentTuneConfig, *, validation: bool = False) -> dict[str, Any]:
+    rollout = config.rollout
+    return {
+        "temperature": rollout.val_temperature if validation else rollout.temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k,
+        "max_tokens": rollout.max_response_length_in_one_turn,
+    }
+
+
+def train_taskset(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, Any]:
+    return {
+        "name": TRAIN_TASKSET,
+        "storage_type": "file",
+        "path": paths.tasks,
+        "split": "train",
+        "default_workflow_type": WORKFLOW_TYPE,
+        "workflow_args": workflow_args(config, paths),
+        "rollout_args": rollout_args(config),
+        "data_selector": {"selector_type": "shuffle" if config.data.shuffle else "sequential",
+                          "seed": config.trainer.seed},
+    }
+
+
+def validates(config: AgentTuneConfig) -> bool:
+    trainer = config.trainer
+    return config.task_reader.validation_split is not None and (trainer.test_freq > 0 or trainer.val_before_train)
+
+
+def eval_tasksets(config: AgentTuneConfig, paths: TrinityPaths) -> list[dict[str, Any]] | None:
+    if not validates(config):
+        return None
+    return [{
+        "name": VALIDATION_TASKSET,
+        "storage_type": "file",
+        "path": paths.tasks,
+        "split": "validation",
+        "repeat_times": 1,
+        "default_workflow_type": WORKFLOW_TYPE,
+        "workflow_args": workflow_args(config, paths),
+        "rollout_args": rollout_args(config, validation=True),
+    }]
+
+
+def lr_scheduler(config: AgentTuneConfig) -> str:
+    schedule = config.trainer.lr_schedule
+    if schedule not in ("constant", "cosine"):
+        raise UserError(f"trainer.lr_schedule = {schedule!r} is not available with the trinity backbone: "
+                        "Trinity-RFT's FSDP trainer (verl) schedules 'constant' or 'cosine'.",
+                        hint="Set trainer.lr_schedule to constant or cosine.")
+    return schedule
+
+
+def grpo_algorithm(config: AgentTuneConfig) -> str:
+    if not config.algorithm.norm_adv_by_std:
+        raise UserError("algorithm.norm_adv_by_std = false is not available with the trinity backbone: "
+                        "Trinity-RFT's GRPO always divides group-centred rewards by the group's std.",
+                        hint="Remove algorithm.norm_adv_by_std, or set trinity.algorithm.advantage_fn "
+                             "to another of Trinity's advantage functions.")
+    # An agent episode can become several samples (a rewritten history starts a new one). Multi-step
+    # GRPO groups by task, takes each run's reward once, and broadcasts its advantage to every sample
+    # of the run; with one sample per episode it is plain GRPO.
+    return "multi_step_grpo"
+
+
+def _t(trinity_key: str, source: str, value: Value) -> Translation:
+    return Translation(trinity_key, source, value)
+
+
+TRANSLATIONS: tuple[Translation, ...] = (
+    # the job
+    _t("mode", "trainer.n_gpus_per_node × trainer.nnodes (1 GPU: colocate, else both)", lambda c, p: mode(c)),
+    _t("project", "project_name", lambda c, p: c.project_name),
+    _t("name", "experiment_name", lambda c, p: c.experiment_name),
+    _t("checkpoint_root_dir", "the run directory (<run_dir>/checkpoints)", lambda c, p: p.checkpoints),
+    _t("continue_from_checkpoint", "(always: a fresh run directory has none; --resume reuses one)",
+       lambda c, p: True),
+    _t("ray_namespace", "project_name/experiment_name", lambda c, p: f"{c.project_name}/{c.experiment_name}"),
+    # model
+    _t("model.model_path", "model.path (tiny:// resolved to its directory)", lambda c, p: p.model),
+    _t("model.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),
+    _t("model.max_model_len", "model.max_model_len", lambda c, p: c.model.max_model_len),
+    _t("model.max_response_tokens", "rollout.max_response_length_in_one_turn",
+       lambda c, p: c.rollout.max_response_length_in_one_turn),
+    _t("model.enable_prompt_truncation", "(off: the gateway reports context overflow to the workflow)",
+       lambda c, p: False),
+    _t("model.temperature", "rollout.temperature", lambda c, p: c.rollout.temperature),
+    _t("model.top_p", "rollout.top_p", lambda c, p: c.rollout.top_p),
+    _t("model.top_k", "rollout.top_k", lambda c, p: c.rollout.top_k),
+    # cluster (0 GPUs per node: left to Trinity, which asks Ray)
+    _t("cluster.node_num", "trainer.nnodes", lambda c, p: c.trainer.nnodes if c.trainer.n_gpus_per_node else None),
+    _t("cluster.gpu_per_node", "trainer.n_gpus_per_node", lambda c, p: c.trainer.n_gpus_per_node or None),
+    # algorithm: GRPO, group size = num_repeat
+    _t("algorithm.algorithm_type", "algorithm.adv_estimator (grpo → multi_step_grpo)", lambda c, p: grpo_algorithm(c)),
+    _t("algorithm.repeat_times", "rollout.num_repeat", lambda c, p: c.rollout.num_repeat),
+    _t("algorithm.policy_loss_fn", "(PPO clipped surrogate)", lambda c, p: "ppo"),
+    _t("algorithm.policy_loss_fn_args.clip_range_low", "algorithm.clip_ratio_low",
+       lambda c, p: c.algorithm.clip_ratio_low),
+    _t("algorithm.policy_loss_fn_args.clip_range_high", "algorithm.clip_ratio_high",
+       lambda c, p: c.algorithm.clip_ratio_high),
+    _t("algorithm.loss_agg_mode", "algorithm.loss_agg_mode", lambda c, p: c.algorithm.loss_agg_mode),
+    _t("algorithm.kl_penalty_fn", "(none: KL goes into the loss)", lambda c, p: "none"),
+    _t("algorithm.kl_loss_fn", "algorithm.kl_estimator (none when algorithm.kl_coef is 0)", lambda c, p: kl_loss(c)),
+    _t("algorithm.kl_loss_fn_args.kl_coef", "algorithm.kl_coef", lambda c, p: c.algorithm.kl_coef),
+    _t("algorithm.entropy_loss_fn", "(none, as in the local backbone)", lambda c, p: "none"),
+    _t("algorithm.optimizer.lr", "trainer.learning_rate", lambda c, p: c.trainer.learning_rate),
+    _t("algorithm.optimizer.lr_scheduler_type", "trainer.lr_schedule (constant, cosine)", lambda c, p: lr_scheduler(c)),
+    _t("algorithm.optimizer.lr_warmup_steps", "trainer.warmup_steps", lambda c, p: c.trainer.warmup_steps),
+    _t("algorithm.optimizer.weight_decay", "trainer.weight_decay", lambda c, p: c.trainer.weight_decay),
+    _t("algorithm.optimizer.clip_grad", "trainer.grad_clip", lambda c, p: c.trainer.grad_clip),
+    # buffer: the taskset written from the agenttune task reader, with the rollout args
+    _t("buffer.batch_size", "data.train_batch_size", lambda c, p: c.data.train_batch_size),
+    _t("buffer.train_batch_size", "data.train_batch_size × rollout.num_repeat",
+       lambda c, p: c.data.train_batch_size * c.rollout.num_repeat),
+    _t("buffer.total_epochs", "trainer.total_epochs", lambda c, p: c.trainer.total_epochs),
+    _t("buffer.total_steps", "trainer.total_steps", lambda c, p: c.trainer.total_steps),
+    _t("buffer.explorer_input.taskset",
+       "task_reader (train_split → <run_dir>/trinity/tasks/train.jsonl), rollout.temperature/top_p/top_k/"
+       "max_response_length_in_one_turn, data.shuffle, trainer.seed", train_taskset),
+    _t("buffer.explorer_input.eval_tasksets",
+       "task_reader.validation_split (→ validation.jsonl), rollout.val_temperature; only when validating",
+       eval_tasksets),
+    # explorer: vLLM rollout engines behind an OpenAI API (the gateway sends it prompt token ids)
+    _t("explorer.rollout_model.engine_type", "(vllm)", lambda c, p: "vllm"),
+    _t("explorer.rollout_model.engine_num", "trainer.n_gpus_per_node × trainer.nnodes ÷ 2 (colocate: 1)",
+       lambda c, p: rollout_engines(c)),
+    _t("explorer.rollout_model.tensor_parallel_size", "(1; set trinity.explorer.rollout_model.… for more)",
+       lambda c, p: 1),
+    _t("explorer.rollout_model.enable_openai_api", "(on: the gateway's engine calls /v1/completions)",
+       lambda c, p: True),
+    _t("explorer.rollout_model.enable_history", "(off: experiences come from the gateway's timeline)",
+       lambda c, p: False),
+    _t("explorer.rollout_model.dtype", "model.dtype (auto → bfloat16)", lambda c, p: rollout_dtype(c)),
+    _t("explorer.rollout_model.seed", "trainer.seed", lambda c, p: c.trainer.seed),
+    _t("explorer.runner_per_model", "rollout.max_env_worker ÷ rollout.num_repeat", lambda c, p: runners_per_engine(c)),
+    _t("explorer.max_timeout", "rollout.episode_timeout + judge.timeout (+60 s; × rounds when num_repeat > "
+       "max_env_worker)", lambda c, p: task_timeout(c)),
+    _t("explorer.eval_interval", "trainer.test_freq (0: never during training)",
+       lambda c, p: c.trainer.test_freq or NEVER),
+    _t("explorer.eval_on_startup", "trainer.val_before_train", lambda c, p: c.trainer.val_before_train),
+    # trainer (verl FSDP2, inside Trinity)
+    _t("trainer.trainer_type", "(verl)", lambda c, p: "verl"),
+    _t("trainer.save_interval", "trainer.save_freq (0: only the final checkpoint)", lambda c, p: c.trainer.save_freq),
+    _t("trainer.save_hf_checkpoint", "(last: the final model as a Hugging Face checkpoint)", lambda c, p: "last"),
+    _t("trainer.grad_clip", "trainer.grad_clip", lambda c, p: c.trainer.grad_clip),
+    _t("trainer.total_steps", "trainer.total_steps", lambda c, p: c.trainer.total_steps),
+    # synchronizer: on-policy, weights go to the rollout engines after every step
+    _t("synchronizer.sync_method", "(nccl; colocate: memory, chosen by Trinity)", lambda c, p: "nccl"),
+    _t("synchronizer.sync_style", "(fixed)", lambda c, p: "fixed"),
+    _t("synchronizer.sync_interval", "(1: every step, as the local backbone)", lambda c, p: 1),
+    # monitor: Trinity's metrics also go to <run_dir>/metrics.jsonl
+    _t("monitor.monitor_type", "(agenttune's monitor: metrics.jsonl, then the one below)", lambda c, p: MONITOR_TYPE),
+    _t("monitor.monitor_args.metrics_file", "the run directory (<run_dir>/metrics.jsonl)", lambda c, p: p.metrics_file),
+    _t("monitor.monitor_args.inner", "monitor.wandb / monitor.swanlab / monitor.tensorboard (first enabled)",
+       lambda c, p: monitor_inner(c)),
+)
+
+
+def generated_config(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, Any]:
+    """The table applied to `config`, as a nested dict (no passthrough)."""
+    native: dict[str, Any] = {}
+    for row in TRANSLATIONS:
+        value = row.value(config, paths)
+        if value is not None:
+            set_path(native, row.trinity_key, value)
+    return native
+
+
+def trinity_config(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, Any]:
+    """Trinity's config for `config`: the table, then the `trinity:` section merged over it."""
+    return deep_merge(generated_config(config, paths), config.trinity)
+
+
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`: mappings merge key by key, anything else replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def markdown_table() -> str:
+    """The translation table for the README."""
+    lines = ["| Trinity-RFT key | from agenttune |", "| --- | --- |"]
+    lines += [f"| `{row.trinity_key}` | {row.source} |" for row in TRANSLATIONS]
+    return "\n".join(lines)

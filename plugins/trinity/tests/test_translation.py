@@ -1,0 +1,217 @@
+"""The agenttune → Trinity-RFT config translation, judged by Trinity's own loader and validators."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agenttune.errors import UserError
+
+from agenttune_trinity.launch import check_and_update, load_trinity_config, write_trinity_config
+from agenttune_trinity.translation import (
+    MONITOR_TYPE,
+    TRANSLATIONS,
+    WORKFLOW_TYPE,
+    TrinityPaths,
+    markdown_table,
+    trinity_config,
+)
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def loaded(config, tmp_path: Path):
+    """The generated config, written and loaded back through Trinity's `load_config`."""
+    paths = TrinityPaths.for_run(tmp_path / "run", config.model.path)
+    return load_trinity_config(write_trinity_config(trinity_config(config, paths), tmp_path / "run"))
+
+
+def _schema_type(annotation: typing.Any) -> typing.Any:
+    """The dataclass (or dict) an annotation of Trinity's config means, Optional/List unwrapped."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(__import__("trinity.common.config", fromlist=["*"])))  # noqa: S307
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        return _schema_type(next(arg for arg in typing.get_args(annotation) if arg is not type(None)))
+    if origin in (list, typing.List):  # noqa: UP006
+        return _schema_type(typing.get_args(annotation)[0])
+    if origin in (dict, typing.Dict) or annotation in (dict, typing.Dict):  # noqa: UP006
+        return dict
+    return annotation
+
+
+def test_every_translated_key_exists_in_trinitys_config_schema():
+    from trinity.common.config import Config
+
+    for row in TRANSLATIONS:
+        node: typing.Any = Config
+        for part in row.trinity_key.split("."):
+            if node is dict:  # a free-form mapping (e.g. policy_loss_fn_args): any key goes
+                break
+            fields = {field.name: field for field in dataclasses.fields(node)}
+            assert part in fields, f"{row.trinity_key}: Trinity's {node.__name__} has no field {part!r}"
+            node = _schema_type(fields[part].type)
+
+
+def test_generated_config_passes_trinitys_loader_and_validation(make_config, tmp_path: Path):
+    config = make_config(trainer={"n_gpus_per_node": 4, "nnodes": 2, "learning_rate": 3e-6, "save_freq": 5,
+                                  "lr_schedule": "cosine", "warmup_steps": 3, "total_steps": 7},
+                         algorithm={"kl_coef": 0.02, "kl_estimator": "k3", "clip_ratio_high": 0.28})
+    cfg = loaded(config, tmp_path)
+    check_and_update(cfg)  # Trinity's validators, with the cluster shape from the config (no Ray)
+
+    assert (cfg.mode, cfg.project, cfg.name) == ("both", "trinity-test", "calc")
+    assert cfg.checkpoint_job_dir == str((tmp_path / "run" / "checkpoints" / "trinity-test" / "calc").resolve())
+    assert cfg.model.model_path == config.model.path
+    assert (cfg.model.max_model_len, cfg.model.max_response_tokens) == (1024, 96)
+    assert (cfg.cluster.node_num, cfg.cluster.gpu_per_node) == (2, 4)
+    # half of the 8 GPUs roll out (4 vLLM engines), the other half train
+    assert (cfg.cluster.rollout_gpu_num, cfg.cluster.trainer_gpu_num) == (4, 4)
+    rollout_model = cfg.explorer.rollout_model
+    assert (rollout_model.engine_type, rollout_model.engine_num, rollout_model.tensor_parallel_size) == ("vllm", 4, 1)
+    assert rollout_model.enable_openai_api and not rollout_model.enable_history
+    assert cfg.explorer.runner_per_model == 2  # max_env_worker 4 // num_repeat 2
+    assert cfg.explorer.max_timeout == 300 + 60 + 60
+
+    algorithm = cfg.algorithm
+    assert (algorithm.algorithm_type, algorithm.repeat_times) == ("multi_step_grpo", 2)
+    assert algorithm.advantage_fn == "step_wise_grpo"  # filled in by Trinity for multi_step_grpo
+    assert algorithm.policy_loss_fn_args["clip_range_low"] == 0.2
+    assert algorithm.policy_loss_fn_args["clip_range_high"] == 0.28
+    assert (algorithm.kl_loss_fn, algorithm.kl_loss_fn_args["kl_coef"]) == ("k3", 0.02)
+    assert (algorithm.kl_penalty_fn, algorithm.entropy_loss_fn) == ("none", "none")
+    optimizer = algorithm.optimizer
+    assert (optimizer.lr, optimizer.lr_scheduler_type, optimizer.lr_warmup_steps) == (3e-6, "cosine", 3)
+
+    assert (cfg.buffer.batch_size, cfg.buffer.train_batch_size, cfg.buffer.total_steps) == (2, 4, 7)
+    [taskset] = cfg.buffer.explorer_input.tasksets
+    assert (taskset.path, taskset.split) == (str((tmp_path / "run" / "trinity" / "tasks").resolve()), "train")
+    assert taskset.default_workflow_type == WORKFLOW_TYPE
+    assert taskset.workflow_args["agenttune_run_dir"] == str((tmp_path / "run").resolve())
+    assert taskset.workflow_args["agenttune_source_dir"] == str(Path(__file__).parent)  # workflow modules
+    assert taskset.repeat_times == 2
+    assert (taskset.rollout_args.temperature, taskset.rollout_args.max_tokens) == (0.9, 96)
+    assert taskset.data_selector.selector_type == "shuffle"
+    assert cfg.buffer.explorer_input.eval_tasksets == []
+
+    assert (cfg.trainer.trainer_type, cfg.trainer.save_interval, cfg.trainer.total_steps) == ("verl", 5, 7)
+    assert cfg.synchronizer.sync_method.value == "nccl" and cfg.synchronizer.sync_interval == 1
+    assert cfg.monitor.monitor_type == MONITOR_TYPE
+    assert cfg.monitor.monitor_args == {"metrics_file": f"{(tmp_path / 'run').resolve()}/metrics.jsonl",
+                                        "inner": "tensorboard"}
+
+
+def test_trinity_resolves_the_workflow_and_monitor_by_their_dotted_paths():
+    from trinity.common.workflows import WORKFLOWS
+    from trinity.utils.monitor import MONITOR
+
+    from agenttune_trinity.monitor import AgentTuneMonitor
+    from agenttune_trinity.workflow import AgentTuneWorkflow
+
+    assert WORKFLOWS.get(WORKFLOW_TYPE) is AgentTuneWorkflow
+    assert WORKFLOWS.get("agenttune_workflow") is AgentTuneWorkflow
+    assert MONITOR.get(MONITOR_TYPE) is AgentTuneMonitor
+
+
+def test_one_gpu_runs_colocated(make_config, tmp_path: Path):
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 1}), tmp_path)
+    check_and_update(cfg)
+    assert cfg.mode == "colocate"
+    assert cfg.explorer.rollout_model.engine_num == 1
+    assert cfg.synchronizer.sync_method.value == "memory"  # Trinity's choice for colocate
+
+
+def test_validation_split_becomes_an_eval_taskset(make_config, tmp_path: Path):
+    config = make_config(task_reader={"type": "file", "path": "data", "validation_split": "validation"},
+                         trainer={"n_gpus_per_node": 2, "test_freq": 3, "val_before_train": True},
+                         rollout={"num_repeat": 4, "val_temperature": 0.0})
+    cfg = loaded(config, tmp_path)
+    check_and_update(cfg)
+    [evaluation] = cfg.buffer.explorer_input.eval_tasksets
+    assert (evaluation.split, evaluation.repeat_times, evaluation.rollout_args.temperature) == ("validation", 1, 0.0)
+    assert evaluation.default_workflow_type == WORKFLOW_TYPE
+    assert (cfg.explorer.eval_interval, cfg.explorer.eval_on_startup) == (3, True)
+
+
+def test_trinity_section_overrides_the_table_key_by_key(make_config, tmp_path: Path):
+    config = make_config(trinity={
+        "algorithm": {"algorithm_type": "grpo"},
+        "explorer": {"rollout_model": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.7}},
+        "buffer": {"explorer_input": {"taskset": {"format": {"system_prompt": "be brief"}}}},
+    })
+    cfg = loaded(config, tmp_path)
+    check_and_update(cfg)
+    assert cfg.algorithm.algorithm_type == "grpo" and cfg.algorithm.advantage_fn == "grpo"
+    rollout_model = cfg.explorer.rollout_model
+    assert (rollout_model.tensor_parallel_size, rollout_model.gpu_memory_utilization) == (2, 0.7)
+    assert rollout_model.enable_openai_api  # untouched keys of the same section stay
+    [taskset] = cfg.buffer.explorer_input.tasksets
+    assert taskset.format.system_prompt == "be brief" and taskset.default_workflow_type == WORKFLOW_TYPE
+
+
+def test_unknown_trinity_key_is_a_clear_error(make_config, tmp_path: Path):
+    config = make_config(trinity={"explorer": {"rollout_modle": {"engine_num": 2}}})
+    with pytest.raises(UserError, match="rollout_modle") as caught:
+        loaded(config, tmp_path)
+    assert "trinity:" in caught.value.render()
+
+
+def test_trinity_validation_errors_are_user_errors(make_config, tmp_path: Path):
+    # 4 GPUs, but the passthrough asks for 4 rollout engines: nothing left to train on
+    cfg = loaded(make_config(trinity={"explorer": {"rollout_model": {"engine_num": 4}}}), tmp_path)
+    with pytest.raises(UserError, match="Not enough GPUs for trainer"):
+        check_and_update(cfg)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"trainer": {"lr_schedule": "linear"}}, "trainer.lr_schedule = 'linear'"),
+    ({"algorithm": {"norm_adv_by_std": False}}, "algorithm.norm_adv_by_std = false"),
+])
+def test_what_trinity_cannot_do_is_refused(make_config, overrides, message):
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+        TrinityBackbone.check(make_config(**overrides))
+
+
+def test_validation_without_a_split_is_refused(make_config):
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    with pytest.raises(UserError, match="validation_split is not set"):
+        TrinityBackbone.check(make_config(trainer={"test_freq": 2}))
+
+
+def test_config_show_prints_a_config_trinity_loads(make_config, tmp_path: Path, data_dir: Path, tiny_model_path):
+    from typer.testing import CliRunner
+
+    from agenttune.cli.main import app
+
+    conf = tmp_path / "agent.yaml"
+    conf.write_text(yaml.safe_dump({
+        "workflow": "tool_agent:CalculatorWorkflow",
+        "task_reader": {"type": "file", "path": str(data_dir)},
+        "model": {"path": str(tiny_model_path)},
+        "trainer": {"n_gpus_per_node": 8},
+        "rollout": {"num_repeat": 8},
+        "trinity": {"explorer": {"rollout_model": {"gpu_memory_utilization": 0.8}}},
+    }))
+    result = CliRunner().invoke(app, ["config", "show", "--conf", str(conf), "--backbone", "trinity"])
+    assert result.exit_code == 0, result.output
+    _, marker, generated = result.output.partition("# --- generated trinity config ---\n")
+    assert marker, result.output
+    shown = tmp_path / "shown.yaml"
+    shown.write_text(generated)
+    cfg = load_trinity_config(shown)
+    assert cfg.algorithm.repeat_times == 8
+    assert cfg.explorer.rollout_model.engine_num == 4
+    assert cfg.explorer.rollout_model.gpu_memory_utilization == 0.8
+    assert cfg.buffer.explorer_input.taskset.path == "<run_dir>/trinity/tasks"
+
+
+def test_readme_shows_the_translation_table():
+    assert markdown_table() in README.read_text(encoding="utf-8"), (
+        "README.md's translation table is out of date: paste agenttune_trinity.translation.markdown_table()")

@@ -1,0 +1,81 @@
+"""The `verl` backbone: agenttune config in, a verl 0.9.1 GRPO run on a Ray GPU cluster out."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, ClassVar
+
+from agenttune.backbone import Backbone
+from agenttune.config import AgentTuneConfig
+from agenttune.errors import UserError
+from agenttune.run import Run
+
+from agenttune_verl.translation import VerlPaths, total_gpus
+
+# verl's FSDP optimiser schedules (verl.workers.config.FSDPOptimizerConfig)
+VERL_LR_SCHEDULES = ("constant", "cosine")
+
+
+class VerlBackbone(Backbone):
+    name: ClassVar[str] = "verl"
+    description: ClassVar[str] = "GRPO on a Ray GPU cluster through verl 0.9.1 (vLLM rollouts, FSDP training)."
+
+    @classmethod
+    def check(cls, config: AgentTuneConfig) -> None:
+        """Config-level checks only: GPUs are counted when the run joins its Ray cluster."""
+        require_verl()
+        problems = config_problems(config)
+        if problems:
+            raise problems[0]
+
+    @classmethod
+    def native_config(cls, config: AgentTuneConfig) -> dict[str, Any]:
+        """The complete verl config (resolved); run-specific paths are shown as `<run_dir>/...`."""
+        require_verl()
+        from agenttune_verl.verl_config import build_verl_config, resolved
+
+        return resolved(build_verl_config(config, VerlPaths.placeholder(config)))
+
+    def run(self, run: Run) -> None:
+        from agenttune.components import resolve
+
+        from agenttune_verl.launch import prepare, ray_cluster, run_trainer
+
+        components = resolve(run.config)
+        prepare(run, components)
+        with ray_cluster(run.config) as address:
+            run_trainer(run, address)
+
+
+def require_verl() -> None:
+    if importlib.util.find_spec("verl") is None:
+        raise UserError("The verl backbone needs verl 0.9.1, which is not installed in this environment.",
+                        hint="pip install 'agenttune-plugin-verl[gpu]' (or 'verl[verl-core]==0.9.1' on a "
+                             "machine without GPUs, enough for `config show`).")
+
+
+def config_problems(config: AgentTuneConfig) -> list[UserError]:
+    problems = []
+    if not config.model.path:
+        problems.append(UserError("model.path is not set: verl needs the model to train.",
+                                  hint="Set model.path to a Hugging Face model id or a local model directory."))
+    elif config.model.path.startswith("tiny://"):
+        problems.append(UserError(f"model.path={config.model.path!r}: verl loads real model directories, not "
+                                  "agenttune's tiny:// test models.",
+                                  hint="Write one with `agenttune model init-tiny DIR` and set model.path=DIR."))
+    if config.trainer.lr_schedule not in VERL_LR_SCHEDULES:
+        problems.append(UserError(f"trainer.lr_schedule={config.trainer.lr_schedule!r} is not available in verl.",
+                                  hint=f"Use one of {', '.join(VERL_LR_SCHEDULES)}."))
+    episodes = config.data.train_batch_size * config.rollout.num_repeat
+    if episodes % total_gpus(config):
+        problems.append(UserError(
+            f"data.train_batch_size x rollout.num_repeat = {episodes} episodes per step do not split evenly over "
+            f"{total_gpus(config)} GPUs (trainer.n_gpus_per_node x trainer.nnodes).",
+            hint="Make data.train_batch_size x rollout.num_repeat a multiple of the number of GPUs."))
+    wants_validation = config.trainer.test_freq > 0 or config.trainer.val_before_train
+    if wants_validation and config.task_reader.validation_split is None:
+        problems.append(UserError(
+            "trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
+            "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
+                                "trainer.val_before_train=false."))
+    return problems

@@ -1,0 +1,186 @@
+"""Launching a verl training run from an agenttune run directory.
+
+    <run_dir>/verl/train.parquet, validation.parquet   the tasks, as verl dataset rows (dataset.py)
+    <run_dir>/verl/agent_loops.yaml                    registers the agenttune agent loop
+    <run_dir>/verl/ppo_agenttune.yaml                  the complete verl config (verl_config.py)
+    <run_dir>/verl/trainer.log                         verl's console output
+    <run_dir>/verl/metrics.jsonl                       verl's per-step metrics (its "file" logger)
+    <run_dir>/metrics.jsonl, rollouts/                 agenttune's step metrics and rollout log
+    <run_dir>/checkpoints/, tensorboard/               verl's checkpoints and TensorBoard events
+
+Ray: with `ray.address` set the run joins that cluster; otherwise a local Ray head is started in this
+process for the duration of the run. Either way the cluster's GPUs are counted before verl starts, so
+a machine without GPUs fails here with a clear message instead of deep inside verl. verl's trainer
+(`python -m verl.trainer.main_ppo`) then runs in a child process attached to the same cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agenttune.components import Components
+from agenttune.config import AgentTuneConfig
+from agenttune.errors import UserError
+from agenttune.metrics import MetricsLog
+from agenttune.rollout_log import RolloutLog
+from agenttune.run import Run, get_logger
+
+from agenttune_verl.dataset import write_tasks
+from agenttune_verl.metrics_bridge import MetricsFollower
+from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus
+from agenttune_verl.verl_config import build_verl_config
+
+log = get_logger("verl.launch")
+
+CONFIG_NAME = "ppo_agenttune"
+TRAINER_ENTRY = "verl.trainer.main_ppo"
+
+
+def verl_dir(run: Run) -> Path:
+    return run.run_dir.resolve() / "verl"
+
+
+def prepare(run: Run, components: Components) -> VerlPaths:
+    """Write the datasets, the agent-loop registration and the verl config into the run directory."""
+    config = run.config
+    has_validation = config.task_reader.validation_split is not None
+    paths = VerlPaths.for_run(run.run_dir, has_validation=has_validation)
+    write_datasets(config, components, paths)
+    write_agent_loop_config(Path(paths.agent_loop_config), run)
+    write_verl_config(run, paths)
+    return paths
+
+
+def write_datasets(config: AgentTuneConfig, components: Components, paths: VerlPaths) -> None:
+    reader = components.task_reader()
+    data_source = f"agenttune/{config.task_reader.type}"
+    split = config.task_reader.train_split
+    count = write_tasks(reader.read(split), Path(paths.train_files), split="train", data_source=data_source)
+    if count < config.data.train_batch_size:
+        raise UserError(
+            f"The train split {split!r} has {count} tasks, fewer than data.train_batch_size="
+            f"{config.data.train_batch_size}: verl drops incomplete batches, so it would train for 0 steps.",
+            hint="Lower data.train_batch_size or add tasks.")
+    if config.task_reader.validation_split is not None:
+        write_tasks(reader.read(config.task_reader.validation_split), Path(paths.val_files), split="validation",
+                    data_source=data_source)
+    log.info("tasks written for verl", train=count, path=paths.train_files)
+
+
+def write_agent_loop_config(path: Path, run: Run) -> None:
+    """The YAML verl's agent-loop workers read (`rollout.agent.agent_loop_config_path`)."""
+    source_dir = run.config.source_dir
+    entry = {
+        "name": AGENT_LOOP_NAME,
+        "_target_": "agenttune_verl.agent_loop.AgentTuneAgentLoop",
+        "agenttune_config": str(run.run_dir.resolve() / "config.yaml"),
+        "source_dir": str(source_dir) if source_dir else None,
+        "run_dir": str(run.run_dir.resolve()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump([entry], sort_keys=False), encoding="utf-8")
+
+
+def write_verl_config(run: Run, paths: VerlPaths) -> Path:
+    from omegaconf import OmegaConf, open_dict
+
+    verl_config = build_verl_config(run.config, paths)
+    # Every Ray worker, on any node, needs these (verl merges ray_init.runtime_env into ray.init).
+    with open_dict(verl_config):
+        runtime_env = verl_config.ray_kwargs.ray_init.runtime_env
+        runtime_env.env_vars = {**runtime_env.get("env_vars", {}), **trainer_env(run)}
+    path = verl_dir(run) / f"{CONFIG_NAME}.yaml"
+    OmegaConf.save(verl_config, path)
+    return path
+
+
+def trainer_env(run: Run) -> dict[str, str]:
+    return {
+        "VERL_FILE_LOGGER_PATH": str(verl_dir(run) / "metrics.jsonl"),
+        "TENSORBOARD_DIR": str(run.run_dir.resolve() / "tensorboard"),
+    }
+
+
+@contextmanager
+def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
+    """Join `ray.address` or start a local Ray head; check its GPUs; yield the address verl should join."""
+    import ray
+
+    address = config.ray.address
+    where = f"at {address}" if address else "started on this machine"
+    try:
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False)
+    except Exception as error:
+        raise UserError(f"Could not {'join the Ray cluster ' + where if address else 'start a local Ray head'}: "
+                        f"{type(error).__name__}: {error}.",
+                        hint="Check ray.address (e.g. 'ray://head:10001' or 'auto' after `ray start --head`).") from error
+    try:
+        check_gpus(config, ray.cluster_resources(), where=where)
+        if address:
+            ray.shutdown()  # verl connects on its own; this process only looked
+            yield address
+        else:
+            yield ray.get_runtime_context().gcs_address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def check_gpus(config: AgentTuneConfig, resources: dict[str, Any], *, where: str) -> None:
+    needed = total_gpus(config)
+    available = int(resources.get("GPU", 0))
+    if available < needed:
+        raise UserError(
+            f"The verl backbone needs GPUs: the config asks for {needed} (trainer.n_gpus_per_node="
+            f"{config.trainer.n_gpus_per_node} x trainer.nnodes={config.trainer.nnodes}), but the Ray cluster "
+            f"{where} has {available}.",
+            hint="Run on a machine with NVIDIA GPUs or join a GPU cluster with ray.address=..., lower "
+                 "trainer.n_gpus_per_node / trainer.nnodes, or train here with --backbone local "
+                 "(one machine, CPU or one GPU) or --backbone debug.")
+
+
+def trainer_command(run: Run) -> list[str]:
+    hydra_dir = verl_dir(run) / "hydra"
+    return [sys.executable, "-m", TRAINER_ENTRY, "--config-path", str(verl_dir(run)), "--config-name", CONFIG_NAME,
+            f"hydra.run.dir={_hydra_quote(str(hydra_dir))}"]
+
+
+def run_trainer(run: Run, ray_address: str) -> None:
+    """Run verl's trainer to completion, teeing its output and bridging its metrics."""
+    command = trainer_command(run)
+    env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run)}
+    trainer_log = verl_dir(run) / "trainer.log"
+    follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run), MetricsLog(run.metrics_path))
+    log.info("starting verl", command=" ".join(command), ray_address=ray_address)
+    with follower, trainer_log.open("a", encoding="utf-8") as log_file:
+        process = subprocess.Popen(command, cwd=run.run_dir, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            for line in process.stdout or ():
+                sys.stdout.write(line)
+                log_file.write(line)
+            code = process.wait()
+        except BaseException:  # Ctrl-C: stop verl too, rather than leave it training unattended
+            process.terminate()
+            process.wait()
+            raise
+    if code != 0:
+        raise UserError(f"verl's trainer exited with code {code}.",
+                        hint=f"Its output is above and in {trainer_log}; the config it ran is "
+                             f"{verl_dir(run) / (CONFIG_NAME + '.yaml')}.")
+
+
+def _hydra_quote(value: str) -> str:
+    """A value for a Hydra command-line override (paths may hold characters its grammar reserves)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

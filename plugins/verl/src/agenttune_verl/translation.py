@@ -1,0 +1,180 @@
+"""agenttune's configuration, translated into verl's.
+
+`TRANSLATIONS` is the one table of what agenttune sets in verl's config: each row names the verl key
+and computes its value from the agenttune config (and, for file locations, the run's paths). Every key
+in the table exists in verl 0.9.1's own Hydra config (`verl/trainer/config/ppo_trainer.yaml` and the
+files it composes); the tests check that. The `verl:` section of the agenttune config is applied
+afterwards, verbatim, so it can override anything here (see `passthrough.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agenttune.config import AgentTuneConfig
+
+AGENT_LOOP_NAME = "agenttune"
+
+# agenttune's save_freq 0 means "only at the end". verl saves when `save_freq > 0` and the step is the
+# last one or a multiple of save_freq, so a period longer than any run saves exactly at the end.
+SAVE_ONLY_AT_END = 1_000_000_000
+
+# verl's default token budget per GPU for dynamic batching; raised when one sequence is longer.
+VERL_DEFAULT_MAX_TOKEN_LEN_PER_GPU = 16384
+
+
+@dataclass(frozen=True)
+class VerlPaths:
+    """Where a run's files live; `placeholder()` is what `config show` prints before a run exists."""
+
+    train_files: str
+    val_files: str
+    agent_loop_config: str
+    checkpoints: str
+
+    @classmethod
+    def for_run(cls, run_dir: Path, *, has_validation: bool) -> VerlPaths:
+        data = run_dir.resolve() / "verl"
+        train = str(data / "train.parquet")
+        return cls(
+            train_files=train,
+            # verl always builds a validation dataset; without a validation split it reads the train
+            # file and is never asked to validate (test_freq -1, val_before_train False).
+            val_files=str(data / "validation.parquet") if has_validation else train,
+            agent_loop_config=str(data / "agent_loops.yaml"),
+            checkpoints=str(run_dir.resolve() / "checkpoints"),
+        )
+
+    @classmethod
+    def placeholder(cls, config: AgentTuneConfig) -> VerlPaths:
+        has_validation = config.task_reader.validation_split is not None
+        return cls(
+            train_files="<run_dir>/verl/train.parquet",
+            val_files="<run_dir>/verl/validation.parquet" if has_validation else "<run_dir>/verl/train.parquet",
+            agent_loop_config="<run_dir>/verl/agent_loops.yaml",
+            checkpoints="<run_dir>/checkpoints",
+        )
+
+
+Value = Callable[[AgentTuneConfig, VerlPaths], Any]
+
+
+@dataclass(frozen=True)
+class Translation:
+    verl_key: str
+    source: str  # the agenttune key(s) it comes from, for the docs and `--help`-style tables
+    value: Value
+
+
+def _loggers(config: AgentTuneConfig) -> list[str]:
+    # "file" writes verl's per-step metrics as JSON lines; the launcher turns them into metrics.jsonl.
+    loggers = ["console", "file"]
+    monitor = config.monitor
+    loggers += [name for name, on in (("tensorboard", monitor.tensorboard), ("wandb", monitor.wandb),
+                                      ("swanlab", monitor.swanlab)) if on]
+    return loggers
+
+
+def _max_token_len_per_gpu(config: AgentTuneConfig) -> int:
+    one_sequence = config.data.max_prompt_length + config.data.max_response_length
+    return max(VERL_DEFAULT_MAX_TOKEN_LEN_PER_GPU, one_sequence)
+
+
+def _rollout_dtype(config: AgentTuneConfig) -> str:
+    return "bfloat16" if config.model.dtype == "auto" else config.model.dtype
+
+
+def _t(verl_key: str, source: str, value: Value) -> Translation:
+    return Translation(verl_key, source, value)
+
+
+TRANSLATIONS: tuple[Translation, ...] = (
+    # algorithm: GRPO, group size = num_repeat
+    _t("algorithm.adv_estimator", "algorithm.adv_estimator", lambda c, p: c.algorithm.adv_estimator),
+    _t("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std", lambda c, p: c.algorithm.norm_adv_by_std),
+    _t("algorithm.use_kl_in_reward", "(always false: KL goes into the loss)", lambda c, p: False),
+    _t("actor_rollout_ref.actor.use_kl_loss", "algorithm.kl_coef > 0", lambda c, p: c.algorithm.kl_coef > 0),
+    _t("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_coef", lambda c, p: c.algorithm.kl_coef),
+    _t("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_estimator", lambda c, p: c.algorithm.kl_estimator),
+    _t("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low", lambda c, p: c.algorithm.clip_ratio_low),
+    _t("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high",
+       lambda c, p: c.algorithm.clip_ratio_high),
+    _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode", lambda c, p: c.algorithm.loss_agg_mode),
+    # model
+    _t("actor_rollout_ref.model.path", "model.path", lambda c, p: c.model.path),
+    _t("actor_rollout_ref.model.tokenizer_path", "model.tokenizer", lambda c, p: c.model.tokenizer),
+    _t("actor_rollout_ref.model.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),
+    _t("data.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),
+    # optimisation
+    _t("actor_rollout_ref.actor.optim.lr", "trainer.learning_rate", lambda c, p: c.trainer.learning_rate),
+    _t("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lr_schedule (constant, cosine)",
+       lambda c, p: c.trainer.lr_schedule),
+    _t("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.warmup_steps", lambda c, p: c.trainer.warmup_steps),
+    _t("actor_rollout_ref.actor.optim.weight_decay", "trainer.weight_decay", lambda c, p: c.trainer.weight_decay),
+    _t("actor_rollout_ref.actor.optim.clip_grad", "trainer.grad_clip", lambda c, p: c.trainer.grad_clip),
+    # one optimiser step per training step: a mini-batch is the whole batch of tasks
+    _t("actor_rollout_ref.actor.ppo_mini_batch_size", "data.train_batch_size",
+       lambda c, p: c.data.train_batch_size),
+    _t("actor_rollout_ref.actor.use_dynamic_bsz", "(always true: micro-batches by token budget)", lambda c, p: True),
+    _t("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "max(16384, data.max_prompt_length + max_response_length)",
+       lambda c, p: _max_token_len_per_gpu(c)),
+    _t("actor_rollout_ref.actor.data_loader_seed", "trainer.seed", lambda c, p: c.trainer.seed),
+    # data
+    _t("data.train_files", "(written by agenttune from task_reader.train_split)", lambda c, p: p.train_files),
+    _t("data.val_files", "(written by agenttune from task_reader.validation_split)", lambda c, p: p.val_files),
+    _t("data.train_batch_size", "data.train_batch_size", lambda c, p: c.data.train_batch_size),
+    _t("data.max_prompt_length", "data.max_prompt_length", lambda c, p: c.data.max_prompt_length),
+    _t("data.max_response_length", "data.max_response_length", lambda c, p: c.data.max_response_length),
+    _t("data.shuffle", "data.shuffle", lambda c, p: c.data.shuffle),
+    _t("data.seed", "trainer.seed", lambda c, p: c.trainer.seed),
+    _t("data.return_raw_chat", "(always true: the agent loop reads the raw task)", lambda c, p: True),
+    # the agent loop truncates (and counts) over-long prompts; verl must not drop rows silently
+    _t("data.filter_overlong_prompts", "(always false)", lambda c, p: False),
+    # rollout: async vLLM, one agenttune agent loop per row, num_repeat episodes per task
+    _t("actor_rollout_ref.rollout.name", "(always vllm)", lambda c, p: "vllm"),
+    _t("actor_rollout_ref.rollout.mode", "(always async)", lambda c, p: "async"),
+    _t("actor_rollout_ref.rollout.n", "rollout.num_repeat", lambda c, p: c.rollout.num_repeat),
+    _t("actor_rollout_ref.rollout.temperature", "rollout.temperature", lambda c, p: c.rollout.temperature),
+    _t("actor_rollout_ref.rollout.top_p", "rollout.top_p", lambda c, p: c.rollout.top_p),
+    _t("actor_rollout_ref.rollout.top_k", "rollout.top_k", lambda c, p: c.rollout.top_k),
+    _t("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature",
+       lambda c, p: c.rollout.val_temperature),
+    _t("actor_rollout_ref.rollout.val_kwargs.do_sample", "rollout.val_temperature > 0",
+       lambda c, p: c.rollout.val_temperature > 0),
+    _t("actor_rollout_ref.rollout.calculate_log_probs", "(always true: logprobs are recorded)", lambda c, p: True),
+    _t("actor_rollout_ref.rollout.max_model_len", "model.max_model_len", lambda c, p: c.model.max_model_len),
+    _t("actor_rollout_ref.rollout.dtype", "model.dtype (auto: bfloat16)", lambda c, p: _rollout_dtype(c)),
+    _t("actor_rollout_ref.rollout.seed", "trainer.seed", lambda c, p: c.trainer.seed),
+    _t("actor_rollout_ref.rollout.tensor_model_parallel_size", "min(2, trainer.n_gpus_per_node)",
+       lambda c, p: min(2, c.trainer.n_gpus_per_node)),
+    _t("actor_rollout_ref.rollout.agent.default_agent_loop", f"(always {AGENT_LOOP_NAME!r})",
+       lambda c, p: AGENT_LOOP_NAME),
+    _t("actor_rollout_ref.rollout.agent.agent_loop_config_path", "(written by agenttune)",
+       lambda c, p: p.agent_loop_config),
+    # trainer
+    _t("trainer.project_name", "project_name", lambda c, p: c.project_name),
+    _t("trainer.experiment_name", "experiment_name", lambda c, p: c.experiment_name),
+    _t("trainer.total_epochs", "trainer.total_epochs", lambda c, p: c.trainer.total_epochs),
+    _t("trainer.total_training_steps", "trainer.total_steps", lambda c, p: c.trainer.total_steps),
+    _t("trainer.save_freq", "trainer.save_freq (0: only at the end)",
+       lambda c, p: c.trainer.save_freq or SAVE_ONLY_AT_END),
+    _t("trainer.test_freq", "trainer.test_freq (0: never)", lambda c, p: c.trainer.test_freq or -1),
+    _t("trainer.val_before_train", "trainer.val_before_train", lambda c, p: c.trainer.val_before_train),
+    _t("trainer.n_gpus_per_node", "trainer.n_gpus_per_node", lambda c, p: c.trainer.n_gpus_per_node),
+    _t("trainer.nnodes", "trainer.nnodes", lambda c, p: c.trainer.nnodes),
+    _t("trainer.logger", "monitor.tensorboard / wandb / swanlab (+ console, file)", lambda c, p: _loggers(c)),
+    _t("trainer.default_local_dir", "(<run_dir>/checkpoints)", lambda c, p: p.checkpoints),
+    _t("trainer.use_v1", "(always true: split timelines need the V1 trainer)", lambda c, p: True),
+)
+
+
+def translated_values(config: AgentTuneConfig, paths: VerlPaths) -> dict[str, Any]:
+    """`{verl dotted key: value}` for every row of the table."""
+    return {row.verl_key: row.value(config, paths) for row in TRANSLATIONS}
+
+
+def total_gpus(config: AgentTuneConfig) -> int:
+    return config.trainer.n_gpus_per_node * config.trainer.nnodes

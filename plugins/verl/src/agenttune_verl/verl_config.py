@@ -1,0 +1,99 @@
+"""Compose a complete verl config: verl's own Hydra files + the translation table + the `verl:` section.
+
+The base is composed from `verl/trainer/config/ppo_trainer.yaml` exactly as `verl.trainer.main_ppo`
+composes it. Translated keys are set in Hydra's struct mode, so a key verl does not have is an error.
+The user's `verl:` section is applied last and may be written nested or with dotted keys; like a
+Hydra command-line override, a key that verl's config does not have must be prefixed with `+`
+(`"+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space": 4`), so that typos are caught.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from typing import Any
+
+from agenttune.config import AgentTuneConfig
+from agenttune.errors import UserError
+
+from agenttune_verl.translation import VerlPaths, translated_values
+
+VERL_CONFIG_MODULE = "verl.trainer.config"
+VERL_CONFIG_NAME = "ppo_trainer"
+
+
+def compose_verl_base() -> Any:
+    """verl's default PPO trainer config (an OmegaConf DictConfig in struct mode)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=VERL_CONFIG_MODULE, version_base=None):
+            return compose(config_name=VERL_CONFIG_NAME)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def build_verl_config(config: AgentTuneConfig, paths: VerlPaths) -> Any:
+    """The DictConfig that verl's trainer will run with (interpolations left for verl to resolve)."""
+    from omegaconf import OmegaConf
+
+    verl_config = compose_verl_base()
+    for key, value in translated_values(config, paths).items():
+        # struct mode: raises if verl 0.9.1 has no such key (a bug in our table, not a user error)
+        OmegaConf.update(verl_config, key, value, merge=False)
+    apply_passthrough(verl_config, config.verl)
+    return verl_config
+
+
+def apply_passthrough(verl_config: Any, passthrough: dict[str, Any]) -> None:
+    """Apply the user's `verl:` section on top, verbatim."""
+    from omegaconf import OmegaConf, open_dict
+
+    for key, value, is_new in _flatten(passthrough):
+        if not is_new and not has_key(verl_config, key):
+            raise UserError(_unknown_key_message(verl_config, key), hint=(
+                f"Check the spelling against `agenttune config show --backbone verl`; to add a key that verl's "
+                f"config does not define (a free-form engine option, say), write it as \"+{key}\"."))
+        with open_dict(verl_config):  # as Hydra does for `+key=value` overrides
+            OmegaConf.update(verl_config, key, value, merge=False)
+
+
+def has_key(verl_config: Any, key: str) -> bool:
+    """Whether verl's config defines `key` (also when its value is `???`, mandatory but unset)."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(verl_config, parent, default=None) if parent else verl_config
+    return OmegaConf.is_dict(node) and leaf in node.keys()
+
+
+def _flatten(node: dict[str, Any], prefix: str = "", is_new: bool = False) -> Iterator[tuple[str, Any, bool]]:
+    """Yield (dotted key, value, is_new) for the leaves; a `+`-prefixed key adds its whole value as is."""
+    for raw_key, value in node.items():
+        key = str(raw_key)
+        new_here = is_new or key.startswith("+")
+        dotted = f"{prefix}{key.lstrip('+')}"
+        if isinstance(value, dict) and value and not key.startswith("+"):
+            yield from _flatten(value, f"{dotted}.", new_here)
+        else:
+            yield dotted, value, new_here
+
+
+def _unknown_key_message(verl_config: Any, key: str) -> str:
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(verl_config, parent, default=None) if parent else verl_config
+    siblings = [str(name) for name in node.keys()] if OmegaConf.is_dict(node) else []
+    guess = difflib.get_close_matches(leaf, siblings, n=1)
+    suggestion = f" Did you mean {'.'.join(filter(None, [parent, guess[0]]))!r}?" if guess else ""
+    return f"verl.{key}: verl 0.9.1's config has no key {key!r}.{suggestion}"
+
+
+def resolved(verl_config: Any) -> dict[str, Any]:
+    """Plain data with interpolations resolved: what verl will actually use."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(verl_config, resolve=True, throw_on_missing=False)

@@ -1,0 +1,226 @@
+"""The agenttune -> verl config translation, checked against verl 0.9.1's own Hydra config files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from agenttune.config import AgentTuneConfig
+from agenttune.errors import UserError
+from agenttune_verl.backbone import VerlBackbone, config_problems
+from agenttune_verl.translation import SAVE_ONLY_AT_END, TRANSLATIONS, VerlPaths, translated_values
+from agenttune_verl.verl_config import build_verl_config, compose_verl_base, has_key, resolved
+
+# One non-default agenttune config, and what every row of the translation table must make of it.
+CUSTOM = {
+    "project_name": "proj",
+    "experiment_name": "exp",
+    "model": {"path": "/models/qwen", "tokenizer": "/models/tok", "trust_remote_code": True,
+              "max_model_len": 6144, "dtype": "float16"},
+    "algorithm": {"norm_adv_by_std": False, "kl_coef": 0.01, "kl_estimator": "k1", "clip_ratio_low": 0.1,
+                  "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean"},
+    "trainer": {"learning_rate": 3e-6, "lr_schedule": "cosine", "warmup_steps": 5, "weight_decay": 0.1,
+                "grad_clip": 0.5, "total_epochs": 3, "total_steps": 40, "save_freq": 10, "test_freq": 5,
+                "val_before_train": True, "seed": 7, "n_gpus_per_node": 4, "nnodes": 2},
+    "data": {"train_batch_size": 32, "max_prompt_length": 1024, "max_response_length": 20000, "shuffle": False},
+    "rollout": {"num_repeat": 8, "temperature": 0.9, "top_p": 0.95, "top_k": 50, "val_temperature": 0.6},
+    "monitor": {"tensorboard": True, "wandb": True, "swanlab": False},
+    "task_reader": {"validation_split": "test"},
+}
+PATHS = VerlPaths("/run/train.parquet", "/run/val.parquet", "/run/loops.yaml", "/run/checkpoints")
+EXPECTED = {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.norm_adv_by_std_in_grpo": False,
+    "algorithm.use_kl_in_reward": False,
+    "actor_rollout_ref.actor.use_kl_loss": True,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.01,
+    "actor_rollout_ref.actor.kl_loss_type": "k1",
+    "actor_rollout_ref.actor.clip_ratio_low": 0.1,
+    "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+    "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
+    "actor_rollout_ref.model.path": "/models/qwen",
+    "actor_rollout_ref.model.tokenizer_path": "/models/tok",
+    "actor_rollout_ref.model.trust_remote_code": True,
+    "data.trust_remote_code": True,
+    "actor_rollout_ref.actor.optim.lr": 3e-6,
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": 5,
+    "actor_rollout_ref.actor.optim.weight_decay": 0.1,
+    "actor_rollout_ref.actor.optim.clip_grad": 0.5,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "actor_rollout_ref.actor.use_dynamic_bsz": True,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 21024,
+    "actor_rollout_ref.actor.data_loader_seed": 7,
+    "data.train_files": "/run/train.parquet",
+    "data.val_files": "/run/val.parquet",
+    "data.train_batch_size": 32,
+    "data.max_prompt_length": 1024,
+    "data.max_response_length": 20000,
+    "data.shuffle": False,
+    "data.seed": 7,
+    "data.return_raw_chat": True,
+    "data.filter_overlong_prompts": False,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.mode": "async",
+    "actor_rollout_ref.rollout.n": 8,
+    "actor_rollout_ref.rollout.temperature": 0.9,
+    "actor_rollout_ref.rollout.top_p": 0.95,
+    "actor_rollout_ref.rollout.top_k": 50,
+    "actor_rollout_ref.rollout.val_kwargs.temperature": 0.6,
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    "actor_rollout_ref.rollout.max_model_len": 6144,
+    "actor_rollout_ref.rollout.dtype": "float16",
+    "actor_rollout_ref.rollout.seed": 7,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.agent.default_agent_loop": "agenttune",
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": "/run/loops.yaml",
+    "trainer.project_name": "proj",
+    "trainer.experiment_name": "exp",
+    "trainer.total_epochs": 3,
+    "trainer.total_training_steps": 40,
+    "trainer.save_freq": 10,
+    "trainer.test_freq": 5,
+    "trainer.val_before_train": True,
+    "trainer.n_gpus_per_node": 4,
+    "trainer.nnodes": 2,
+    "trainer.logger": ["console", "file", "tensorboard", "wandb"],
+    "trainer.default_local_dir": "/run/checkpoints",
+    "trainer.use_v1": True,
+}
+
+
+@pytest.fixture(scope="module")
+def verl_base():
+    return compose_verl_base()
+
+
+def test_key_lookup_sees_mandatory_unset_values(verl_base):
+    assert OmegaConf.is_missing(verl_base.actor_rollout_ref.rollout, "name")  # `???` in rollout.yaml
+    assert has_key(verl_base, "actor_rollout_ref.rollout.name")
+    assert not has_key(verl_base, "actor_rollout_ref.rollout.no_such_key")
+    assert not has_key(verl_base, "no_such_section.key")
+
+
+def test_every_translated_key_exists_in_verls_own_config(verl_base):
+    missing = [row.verl_key for row in TRANSLATIONS if not has_key(verl_base, row.verl_key)]
+    assert missing == []
+    assert len({row.verl_key for row in TRANSLATIONS}) == len(TRANSLATIONS), "a verl key is set twice"
+
+
+def test_the_translation_table_is_covered():
+    values = translated_values(AgentTuneConfig(**CUSTOM), PATHS)
+    assert set(values) == set(EXPECTED), "every row of the table needs an expectation here"
+    assert values == EXPECTED
+
+
+@pytest.mark.parametrize(("overrides", "key", "expected"), [
+    ({}, "actor_rollout_ref.actor.use_kl_loss", False),  # kl_coef 0: no reference model
+    ({}, "trainer.save_freq", SAVE_ONLY_AT_END),  # 0: only at the end
+    ({}, "trainer.test_freq", -1),  # 0: never during training
+    ({}, "actor_rollout_ref.rollout.val_kwargs.do_sample", False),  # greedy validation
+    ({}, "actor_rollout_ref.rollout.dtype", "bfloat16"),  # dtype auto
+    ({}, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384),  # verl's default when sequences fit
+    ({"trainer": {"n_gpus_per_node": 1}}, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1),
+    ({"monitor": {"tensorboard": False}}, "trainer.logger", ["console", "file"]),
+])
+def test_translation_defaults(overrides, key, expected):
+    assert translated_values(AgentTuneConfig(**overrides), PATHS)[key] == expected
+
+
+def test_generated_config_passes_verls_own_validation(tiny_model_path):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    config = AgentTuneConfig(**{**CUSTOM, "model": {"path": str(tiny_model_path)}})
+    verl_config = build_verl_config(config, PATHS)
+    validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
+                    use_critic=need_critic(verl_config))
+    assert need_reference_policy(verl_config) and not need_critic(verl_config)
+    rollout = omega_conf_to_dataclass(verl_config.actor_rollout_ref.rollout)
+    assert (rollout.n, rollout.prompt_length, rollout.response_length) == (8, 1024, 20000)
+    model = omega_conf_to_dataclass(verl_config.actor_rollout_ref.model)
+    assert model.tokenizer is not None  # verl loaded the tiny model's tokenizer from model.path
+    actor = omega_conf_to_dataclass(verl_config.actor_rollout_ref.actor)
+    assert actor.optim.lr == 3e-6 and actor.optim.clip_grad == 0.5
+
+
+def test_passthrough_is_applied_verbatim_last(verl_base):
+    config = AgentTuneConfig(verl={
+        "actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.7, "n": 16}},
+        "trainer.balance_batch": False,
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm": {"swap_space": 4},
+    })
+    verl_config = resolved(build_verl_config(config, PATHS))
+    rollout = verl_config["actor_rollout_ref"]["rollout"]
+    assert rollout["gpu_memory_utilization"] == 0.7
+    assert rollout["n"] == 16  # the verl section wins over the translation of rollout.num_repeat
+    assert verl_config["actor_rollout_ref"]["actor"]["rollout_n"] == 16  # verl's own interpolation follows
+    assert verl_config["trainer"]["balance_batch"] is False
+    assert rollout["engine_kwargs"]["vllm"] == {"swap_space": 4}
+
+
+def test_passthrough_typo_is_a_user_error_with_a_suggestion():
+    config = AgentTuneConfig(verl={"actor_rollout_ref": {"rollout": {"gpu_memory_utilisation": 0.7}}})
+    with pytest.raises(UserError) as raised:
+        build_verl_config(config, PATHS)
+    message = raised.value.render()
+    assert "verl.actor_rollout_ref.rollout.gpu_memory_utilisation" in message
+    assert "Did you mean 'actor_rollout_ref.rollout.gpu_memory_utilization'" in message
+    assert '"+actor_rollout_ref.rollout.gpu_memory_utilisation"' in message
+
+
+def test_native_config_is_complete_and_resolved():
+    native = VerlBackbone.native_config(AgentTuneConfig(model={"path": "/models/qwen"}))
+    assert native["data"]["train_files"] == "<run_dir>/verl/train.parquet"
+    assert native["data"]["val_files"] == "<run_dir>/verl/train.parquet"  # no validation split
+    assert native["actor_rollout_ref"]["rollout"]["prompt_length"] == 2048  # verl interpolation resolved
+    assert native["critic"]["enable"] is None and "reward" in native  # the untouched rest of verl's config
+
+
+def test_config_show_prints_the_verl_config(tmp_path, capsys):
+    from agenttune.cli.main import main
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text("model: {path: /models/qwen}\nrollout: {num_repeat: 5}\n"
+                    "verl: {trainer: {balance_batch: false}}\n", encoding="utf-8")
+    main(["config", "show", "--conf", str(conf), "--backbone", "verl"])
+    out = capsys.readouterr().out
+    verl_text = out.split("# --- generated verl config ---\n", 1)[1]
+    shown = yaml.safe_load(verl_text)
+    assert shown["actor_rollout_ref"]["rollout"]["n"] == 5
+    assert shown["algorithm"]["adv_estimator"] == "grpo"
+    assert shown["trainer"]["balance_batch"] is False
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"model": {"path": ""}}, "model.path is not set"),
+    ({"model": {"path": "tiny://default"}}, "agenttune model init-tiny"),
+    ({"trainer": {"lr_schedule": "linear"}}, "lr_schedule='linear'"),
+    ({"trainer": {"n_gpus_per_node": 8}, "data": {"train_batch_size": 3}, "rollout": {"num_repeat": 2}},
+     "6 episodes per step do not split evenly over 8 GPUs"),
+    ({"trainer": {"test_freq": 5}}, "task_reader.validation_split is not set"),
+])
+def test_config_problems_are_user_errors(overrides, words):
+    config = AgentTuneConfig(**{"model": {"path": "/models/qwen"}, **overrides})
+    problems = config_problems(config)
+    assert len(problems) == 1 and words in problems[0].render()
+    with pytest.raises(UserError, match="."):
+        VerlBackbone.check(config)
+
+
+def test_a_valid_config_has_no_problems():
+    assert config_problems(AgentTuneConfig(**CUSTOM)) == []
+
+
+def test_placeholder_paths_are_what_a_run_writes(tmp_path: Path):
+    run_paths = VerlPaths.for_run(tmp_path, has_validation=True)
+    placeholder = VerlPaths.placeholder(AgentTuneConfig(task_reader={"validation_split": "test"}))
+    for real, shown in zip((run_paths.train_files, run_paths.val_files, run_paths.agent_loop_config,
+                            run_paths.checkpoints),
+                           (placeholder.train_files, placeholder.val_files, placeholder.agent_loop_config,
+                            placeholder.checkpoints), strict=True):
+        assert real == shown.replace("<run_dir>", str(tmp_path.resolve()))

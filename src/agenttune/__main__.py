@@ -1,0 +1,5 @@
+"""`python -m agenttune` runs the command line."""
+
+from agenttune.cli.main import main
+
+main()

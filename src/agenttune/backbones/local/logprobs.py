@@ -1,0 +1,74 @@
+"""Per-token log-probabilities of padded sequences under a causal language model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agenttune.backbones.local.batching import TrainItem
+
+
+@dataclass
+class Batch:
+    """A micro-batch on the device. Per-token tensors are shifted: column t scores input token t+1."""
+
+    input_ids: torch.Tensor  # [rows, T]
+    attention_mask: torch.Tensor  # [rows, T]
+    targets: torch.Tensor  # [rows, T-1]
+    mask: torch.Tensor  # [rows, T-1], float 0/1: the tokens that are trained on
+    sample_logprobs: torch.Tensor  # [rows, T-1]: the engine's logprobs of the targets
+    advantages: torch.Tensor  # [rows]
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum().item())
+
+
+def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | str) -> Batch:
+    """Right-pad the items into one batch (padding is masked out of attention and loss)."""
+    width = max(len(item) for item in items)
+
+    def padded(values: list, fill) -> list:
+        return values + [fill] * (width - len(values))
+
+    input_ids = torch.tensor([padded(item.input_ids, pad_token_id) for item in items], dtype=torch.long)
+    attention = torch.tensor([padded([1] * len(item), 0) for item in items], dtype=torch.long)
+    mask = torch.tensor([padded(item.loss_mask, 0) for item in items], dtype=torch.float32)
+    sampled = torch.tensor([padded(item.sample_logprobs, 0.0) for item in items], dtype=torch.float32)
+    advantages = torch.tensor([item.advantage for item in items], dtype=torch.float32)
+    return Batch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        targets=input_ids[:, 1:].to(device),
+        mask=mask[:, 1:].to(device),
+        sample_logprobs=sampled[:, 1:].to(device),
+        advantages=advantages.to(device),
+    )
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probability of every target token, and optionally the entropy of each next-token distribution.
+
+    Logits are divided by the sampling `temperature` (when positive) so that the probabilities match
+    the distribution the rollouts were sampled from. The entropy is computed without gradient.
+    """
+    output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    logits = output.logits[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    normaliser = torch.logsumexp(logits, dim=-1)
+    picked = torch.gather(logits, -1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    logprobs = picked - normaliser
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            probabilities = torch.softmax(logits, dim=-1)
+            entropy = normaliser - (probabilities * logits).sum(-1)
+    return logprobs, entropy

@@ -1,0 +1,70 @@
+"""The GRPO objective: a clipped policy-ratio loss, an optional KL penalty, and how tokens are averaged.
+
+All functions take per-token tensors of shape [rows, tokens] with a 0/1 `mask` marking the tokens
+that are trained on (the model's own generated tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+KLEstimator = Literal["k1", "k3"]
+LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic objective per token; returns (loss, 1.0 where the clipped branch won).
+
+    `advantages` has one value per row; it broadcasts over the row's tokens.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    advantages = advantages.unsqueeze(-1)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    return loss, (clipped > unclipped).float()
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from the sampled tokens (Schulman's k1 / k3)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        # exp(-x) + x - 1 >= 0, unbiased, low variance; clamp keeps exp() finite on outliers.
+        negative = torch.clamp(-log_ratio, min=-20.0, max=20.0)
+        return torch.exp(negative) - negative - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggregation,
+    *,
+    total_tokens: int,
+    total_sequences: int,
+) -> torch.Tensor:
+    """This micro-batch's share of the mini-batch loss.
+
+    The denominators are mini-batch totals, so summing the shares of all micro-batches (gradient
+    accumulation) gives exactly the loss of the whole mini-batch, however it was split.
+    `token-mean` weighs every trained token equally; `seq-mean-token-mean` first averages within
+    each sequence, so long and short responses weigh the same.
+    """
+    masked = per_token * mask
+    if mode == "token-mean":
+        return masked.sum() / max(total_tokens, 1)
+    if mode == "seq-mean-token-mean":
+        per_sequence = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_sequence.sum() / max(total_sequences, 1)
+    raise ValueError(f"unknown loss aggregation {mode!r}")

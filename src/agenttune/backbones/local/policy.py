@@ -1,0 +1,104 @@
+"""Loading the model under training: device, dtype, LoRA, gradient checkpointing, the reference model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from agenttune.config import AgentTuneConfig
+from agenttune.errors import UserError
+from agenttune.model_loading import resolve_model_path, torch_dtype
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise UserError("local.device is 'cuda' but torch sees no CUDA device.",
+                            hint="Set local.device: cpu (or auto), or install a CUDA build of torch.")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def load_pretrained(path: str, config: AgentTuneConfig, device: torch.device) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=torch_dtype(config.model.dtype, device.type),
+            trust_remote_code=config.model.trust_remote_code,
+        )
+    except OSError as error:
+        raise UserError(f"Cannot load the model from {path!r}: {error}",
+                        hint="Check model.path (a local directory with config.json and weights).") from error
+    return model.to(device)
+
+
+def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Path | None = None) -> torch.nn.Module:
+    """The trainable policy: the base model, or a checkpoint's weights, with LoRA when configured.
+
+    `checkpoint` is a checkpoint's `model/` directory: full weights, or a LoRA adapter on the base model.
+    """
+    local = config.local
+    lora = local.lora_rank > 0
+    weights = str(checkpoint) if checkpoint is not None and not lora else resolve_model_path(config.model.path)
+    model = load_pretrained(weights, config, device)
+    if lora:
+        model = _with_lora(model, config, adapter=checkpoint)
+    if local.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora:
+            model.enable_input_require_grads()  # frozen embeddings would otherwise cut the graph
+    model.config.use_cache = False
+    return model
+
+
+def _with_lora(model: torch.nn.Module, config: AgentTuneConfig, *, adapter: Path | None) -> torch.nn.Module:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    local = config.local
+    if adapter is not None:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    lora_config = LoraConfig(
+        r=local.lora_rank,
+        lora_alpha=local.lora_alpha,
+        target_modules=local.lora_target_modules,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora_config)
+
+
+def reference_scope(config: AgentTuneConfig, policy: torch.nn.Module, device: torch.device):
+    """How to get reference log-probs for the KL penalty, or None when `algorithm.kl_coef` is 0.
+
+    With LoRA the reference is the policy with its adapter switched off (no second copy of the
+    weights). Without LoRA it is a frozen copy of the *base* model, also after a resume.
+    """
+    if config.algorithm.kl_coef <= 0:
+        return None
+    if config.local.lora_rank > 0:
+        @contextmanager
+        def adapter_off() -> Iterator[torch.nn.Module]:
+            with policy.disable_adapter():
+                yield policy
+        return adapter_off
+    base = load_pretrained(resolve_model_path(config.model.path), config, device)
+    return frozen_reference(base)
+
+
+def frozen_reference(model: torch.nn.Module) -> Callable:
+    """A reference scope that always yields `model` (a frozen copy of the initial policy)."""
+    model.eval()
+    model.requires_grad_(False)
+    return lambda: nullcontext(model)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(parameter.numel() for parameter in model.parameters())
+    trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+    return trainable, total

@@ -1,0 +1,250 @@
+"""One GRPO training step on a batch of judged episodes.
+
+The trainer owns the optimizer and the schedule; the model object is shared with the inference
+engine, so the next rollouts see the updated weights without a copy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import torch
+
+from agenttune.backbones.local.advantages import group_advantages
+from agenttune.backbones.local.batching import ItemStats, build_items, micro_batches
+from agenttune.backbones.local.logprobs import Batch, collate, token_logprobs
+from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
+from agenttune.backbones.local.schedule import lr_factor
+from agenttune.config import AgentTuneConfig
+from agenttune.episode import Episode
+
+# Reference log-probs come from a frozen model, or from the policy with its LoRA adapter switched off.
+ReferenceScope = Callable[[], AbstractContextManager[torch.nn.Module]]
+
+
+class GRPOTrainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: AgentTuneConfig,
+        *,
+        pad_token_id: int,
+        total_steps: int,
+        reference: ReferenceScope | None = None,
+    ):
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.device = next(model.parameters()).device
+        self.reference = reference
+        if config.algorithm.kl_coef > 0 and reference is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        trainer = config.trainer
+        parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            parameters, lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
+            foreach=False,  # the per-tensor loop gives bit-identical results after a reload
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_factor(trainer.lr_schedule, warmup_steps=trainer.warmup_steps, total_steps=total_steps),
+        )
+
+    # -- the step ----------------------------------------------------------------------------------
+    def step(self, episodes: list[Episode]) -> dict[str, float]:
+        """Update the policy on these episodes; return the step's training metrics (`train/...`)."""
+        started = time.perf_counter()
+        algorithm, data = self.config.algorithm, self.config.data
+        advantages = group_advantages(episodes, norm_by_std=algorithm.norm_adv_by_std)
+        items, item_stats = build_items(
+            episodes, advantages.by_episode,
+            max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
+        )
+        metrics = {
+            "train/groups": float(advantages.num_groups),
+            "train/zero_variance_groups": float(advantages.zero_variance_groups),
+            "train/zero_variance_fraction": advantages.zero_variance_fraction,
+            "train/failed_episodes_skipped": float(advantages.failed_episodes),
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            **_item_metrics(item_stats, len(items)),
+        }
+        if items:
+            was_training = self.model.training
+            self.model.train()
+            try:
+                metrics.update(self._update([
+                    collate(group, self.pad_token_id, self.device)
+                    for group in micro_batches(items, self.config.local.micro_batch_tokens)
+                ]))
+            finally:
+                self.model.train(was_training)
+        with warnings.catch_warnings():  # a step without an update still advances the schedule
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
+        elapsed = time.perf_counter() - started
+        metrics["perf/train_time_s"] = elapsed
+        metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / elapsed if elapsed else 0.0
+        return metrics
+
+    def _update(self, batches: list[Batch]) -> dict[str, float]:
+        local, algorithm = self.config.local, self.config.algorithm
+        on_policy = local.ppo_epochs * local.mini_batches == 1
+        # With a single update the weights cannot move before the loss is taken, so the "old"
+        # log-probs are the current ones (detached): the ratio is exactly 1 and no extra pass is needed.
+        totals: dict[str, float] = {}
+        old = None
+        if not on_policy:
+            old = []
+            for batch in batches:
+                logprobs, entropy = self._logprobs_without_grad(batch)
+                _record_first_pass(totals, batch, logprobs, entropy)
+                old.append(logprobs)
+        reference = [self._reference_logprobs(batch) for batch in batches] if algorithm.kl_coef > 0 else None
+        for _ in range(local.ppo_epochs):
+            for indices in _split(len(batches), local.mini_batches):
+                stats = self._optimizer_update(
+                    [batches[i] for i in indices],
+                    [old[i] for i in indices] if old else None,
+                    [reference[i] for i in indices] if reference else None,
+                    record_first_pass=on_policy,
+                )
+                for key, value in stats.items():
+                    totals[key] = max(totals.get(key, 0.0), value) if key == "mismatch_max" else (
+                        totals.get(key, 0.0) + value)
+        return _finish_metrics(totals, batches)
+
+    def _optimizer_update(
+        self,
+        batches: list[Batch],
+        old: list[torch.Tensor] | None,
+        reference: list[torch.Tensor] | None,
+        *,
+        record_first_pass: bool,
+    ) -> dict[str, float]:
+        algorithm = self.config.algorithm
+        total_tokens = sum(batch.num_trained_tokens for batch in batches)
+        total_rows = sum(batch.input_ids.shape[0] for batch in batches)
+        stats = {"updates": 1.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        for index, batch in enumerate(batches):
+            logprobs, entropy = token_logprobs(
+                self.model, batch, temperature=self._temperature, with_entropy=record_first_pass
+            )
+            old_logprobs = old[index] if old is not None else logprobs.detach()
+            policy_loss, clipped = clipped_policy_loss(
+                logprobs, old_logprobs, batch.advantages,
+                clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
+            )
+            per_token = policy_loss
+
+            def share(values: torch.Tensor, mask: torch.Tensor = batch.mask) -> torch.Tensor:
+                return aggregate(values, mask, algorithm.loss_agg_mode,
+                                 total_tokens=total_tokens, total_sequences=total_rows)
+
+            if reference is not None:
+                kl = kl_penalty(logprobs, reference[index], algorithm.kl_estimator)
+                per_token = per_token + algorithm.kl_coef * kl
+                stats["kl_sum"] = stats.get("kl_sum", 0.0) + float((kl.detach() * batch.mask).sum())
+            loss = share(per_token)
+            loss.backward()
+            stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
+            stats["pg_loss"] = stats.get("pg_loss", 0.0) + float(share(policy_loss.detach()))
+            stats["clipped_tokens"] = stats.get("clipped_tokens", 0.0) + float((clipped * batch.mask).sum())
+            stats["trained_tokens"] = stats.get("trained_tokens", 0.0) + batch.num_trained_tokens
+            if record_first_pass:
+                _record_first_pass(stats, batch, logprobs.detach(), entropy)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for group in self.optimizer.param_groups for p in group["params"]], self.config.trainer.grad_clip
+        )
+        if math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+        else:  # a NaN/inf gradient would poison the weights and the optimizer moments for good
+            stats["skipped_updates"] = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        stats["grad_norm"] = float(grad_norm)
+        return stats
+
+    @property
+    def _temperature(self) -> float:
+        return self.config.rollout.temperature
+
+    @torch.no_grad()
+    def _logprobs_without_grad(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return token_logprobs(self.model, batch, temperature=self._temperature, with_entropy=True)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        assert self.reference is not None
+        with self.reference() as reference_model:
+            return token_logprobs(reference_model, batch, temperature=self._temperature)[0]
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _split(count: int, parts: int) -> Iterator[list[int]]:
+    """Indices 0..count-1 in `parts` contiguous chunks (fewer when there are fewer items)."""
+    parts = max(1, min(parts, count))
+    size, extra = divmod(count, parts)
+    start = 0
+    for part in range(parts):
+        end = start + size + (1 if part < extra else 0)
+        yield list(range(start, end))
+        start = end
+
+
+def _record_first_pass(stats: dict[str, float], batch: Batch, logprobs: torch.Tensor, entropy) -> None:
+    """Before any update this step: how far the policy is from what the engine sampled, and its entropy."""
+    mask = batch.mask
+    difference = (logprobs - batch.sample_logprobs).abs() * mask
+    stats["mismatch_sum"] = stats.get("mismatch_sum", 0.0) + float(difference.sum())
+    stats["mismatch_max"] = max(stats.get("mismatch_max", 0.0), float(difference.max()))
+    prob_difference = (logprobs.exp() - batch.sample_logprobs.exp()).abs() * mask
+    stats["prob_mismatch_sum"] = stats.get("prob_mismatch_sum", 0.0) + float(prob_difference.sum())
+    stats["first_pass_tokens"] = stats.get("first_pass_tokens", 0.0) + float(mask.sum())
+    if entropy is not None:
+        stats["entropy_sum"] = stats.get("entropy_sum", 0.0) + float((entropy * mask).sum())
+
+
+def _finish_metrics(totals: dict[str, float], batches: list[Batch]) -> dict[str, float]:
+    updates = totals.get("updates", 1.0)
+    trained = max(totals.get("trained_tokens", 0.0), 1.0)
+    first = max(totals.get("first_pass_tokens", 0.0), 1.0)
+    metrics = {
+        "train/loss": totals.get("loss", 0.0) / updates,
+        "train/pg_loss": totals.get("pg_loss", 0.0) / updates,
+        "train/clip_fraction": totals.get("clipped_tokens", 0.0) / trained,
+        "train/grad_norm": totals.get("grad_norm", 0.0) / updates,
+        "train/updates": updates,
+        "train/skipped_updates": totals.get("skipped_updates", 0.0),
+        "train/micro_batches": float(len(batches)),
+        "train/tokens": float(sum(batch.num_tokens for batch in batches)),
+        "train/trained_tokens": float(sum(batch.num_trained_tokens for batch in batches)),
+        "train/entropy": totals.get("entropy_sum", 0.0) / first,
+        "train/logprob_mismatch": totals.get("mismatch_sum", 0.0) / first,
+        "train/logprob_mismatch_max": totals.get("mismatch_max", 0.0),
+        "train/prob_mismatch": totals.get("prob_mismatch_sum", 0.0) / first,
+    }
+    if "kl_sum" in totals:
+        metrics["train/kl"] = totals["kl_sum"] / trained
+    return metrics
+
+
+def _item_metrics(stats: ItemStats, num_items: int) -> dict[str, float]:
+    lengths = stats.response_lengths
+    return {
+        "train/samples": float(num_items),
+        "train/samples_not_trainable": float(stats.not_trainable),
+        "train/samples_prompt_too_long": float(stats.too_long_prompt),
+        "train/samples_response_truncated": float(stats.truncated_response),
+        "train/response_length_mean": sum(lengths) / len(lengths) if lengths else 0.0,
+    }

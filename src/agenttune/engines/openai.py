@@ -1,0 +1,129 @@
+"""`openai`: forward generation to an OpenAI-compatible server (`vllm serve`, SGLang, a hosted model).
+
+Two modes:
+
+* `completions` (default): the gateway's prompt token ids go to `/v1/completions` as the prompt,
+  with vLLM's `return_token_ids`; the server's generated ids and logprobs come back exactly, so
+  episodes are trainable. Needs a server that accepts token-id prompts (vLLM, SGLang).
+* `chat`: the request's messages go to `/v1/chat/completions` (for servers that only speak chat,
+  e.g. hosted APIs). The server renders its own template, so the gateway cannot merge turns; the
+  reply's token ids are recorded when the server returns them (vLLM `return_token_ids`), otherwise
+  only the text is kept and the episode is marked not trainable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.errors import UserError
+
+
+class OpenAIEngineOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(default="http://127.0.0.1:8000/v1", description="The server's OpenAI base URL (ends in /v1).")
+    api_key: str = Field(default="EMPTY", description="API key for the server.")
+    model: str | None = Field(default=None, description="Model name to request; default: model.path.")
+    mode: Literal["completions", "chat"] = Field(default="completions", description="completions: token ids in and out (vLLM, SGLang); chat: messages (any server).")
+    timeout: float = Field(default=600.0, gt=0, description="Seconds per request.")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra fields sent with every request.")
+
+
+class OpenAIEngine(InferenceEngine):
+    name: ClassVar[str] = "openai"
+    Options: ClassVar[type[BaseModel]] = OpenAIEngineOptions
+
+    def __init__(self, options: OpenAIEngineOptions, model_name: str, *, transport: Any = None):
+        import httpx
+
+        self.options = options
+        self.model_name = options.model or model_name
+        self.wants_messages = options.mode == "chat"
+        self._client = httpx.AsyncClient(
+            base_url=options.base_url.rstrip("/") + "/", timeout=options.timeout, transport=transport,
+            headers={"Authorization": f"Bearer {options.api_key}"},
+        )
+
+    @classmethod
+    def from_config(cls, config: Any, options: OpenAIEngineOptions, tokenizer: Any, *,
+                    model: Any = None) -> OpenAIEngine:
+        if not (options.model or config.model.path):
+            raise UserError("engine.model is not set (the openai engine needs a model name to request).",
+                            hint="Set engine.model to the served model's name, or model.path.")
+        return cls(options, options.model or config.model.path)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                       request_id: str | None = None) -> Generation:
+        body = {"model": self.model_name, "prompt": list(prompt_ids), "logprobs": 1, "return_token_ids": True,
+                **_sampling_fields(sampling), **self.options.extra_body}
+        choice = (await self._post("completions", body))["choices"][0]
+        token_ids = choice.get("token_ids")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+        return _generation(choice, token_ids, logprobs, choice.get("text", ""))
+
+    async def generate_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                            sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
+        """Chat mode: the server renders the prompt. Returns the generation and the prompt ids, if sent."""
+        body: dict[str, Any] = {"model": self.model_name, "messages": messages, "logprobs": True,
+                                "return_token_ids": True, **_sampling_fields(sampling), **self.options.extra_body}
+        if tools:
+            body["tools"] = tools
+        reply = await self._post("chat/completions", body)
+        choice = reply["choices"][0]
+        content = [entry.get("logprob") for entry in ((choice.get("logprobs") or {}).get("content") or [])]
+        message = choice.get("message") or {}
+        generation = _generation(choice, choice.get("token_ids"), content or None, _chat_text(message))
+        return generation, reply.get("prompt_token_ids") or choice.get("prompt_token_ids")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._client.post(path, json=body)
+        if response.status_code >= 400:
+            raise RuntimeError(f"the model server at {self.options.base_url} answered {response.status_code}: "
+                               f"{response.text[:500]}")
+        return response.json()
+
+
+def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    fields: dict[str, Any] = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                              "top_p": sampling.top_p, "skip_special_tokens": False}
+    if sampling.top_k > 0:
+        fields["top_k"] = sampling.top_k
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        fields["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    return fields
+
+
+def _generation(choice: dict[str, Any], token_ids: list[int] | None, logprobs: list[Any] | None,
+                text: str) -> Generation:
+    finish = choice.get("finish_reason") or "stop"
+    finish = finish if finish in ("stop", "length") else "stop"
+    if not token_ids:  # the server gave text only: keep it, the episode is not trainable
+        return Generation([], None, finish, text=text)
+    exact = logprobs if logprobs and len(logprobs) == len(token_ids) and None not in logprobs else None
+    return Generation(list(token_ids), exact, finish, text=text)
+
+
+def _chat_text(message: dict[str, Any]) -> str:
+    """The reply as the model wrote it, as far as a chat server lets us see (tool calls in Hermes form)."""
+    import json
+
+    parts = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        parts.append(f"<think>\n{reasoning}\n</think>\n\n")
+    parts.append(message.get("content") or "")
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or "{}"
+        parts.append(f'\n<tool_call>\n{{"name": {json.dumps(function.get("name"))}, "arguments": {arguments}}}\n</tool_call>')
+    return "".join(parts)

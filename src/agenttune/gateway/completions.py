@@ -1,0 +1,151 @@
+"""One chat completion: messages -> prompt ids -> engine -> reply, filed on the episode's timeline."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.gateway import madness
+from agenttune.gateway.channel import EpisodeChannel
+from agenttune.gateway.errors import GatewayError
+from agenttune.gateway.protocol import ChatRequest, parse_chat_request
+from agenttune.gateway.reasoning import ThinkParser
+from agenttune.gateway.rendering import ChatRenderer
+from agenttune.gateway.timeline import Prompt, Timeline
+from agenttune.gateway.tool_parsers import ToolParse, ToolParser
+
+
+@dataclass
+class ChatResult:
+    """A finished call, ready to be written as a JSON body or as SSE chunks."""
+
+    request: ChatRequest
+    id: str
+    created: int
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    token_logprobs: list[tuple[str, float]] | None = None
+
+
+class ChatCompletions:
+    def __init__(self, engine: InferenceEngine, renderer: ChatRenderer, tool_parser: ToolParser,
+                 reasoning_parser: ThinkParser | None, *, max_model_len: int, madness_checks: list[str]):
+        self.engine = engine
+        self.renderer = renderer
+        self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
+        self.max_model_len = max_model_len
+        self.checks = set(madness_checks)
+        eos = renderer.tokenizer.eos_token_id
+        self.stop_token_ids = (eos,) if eos is not None else ()
+        self.stop_tokens = frozenset(self.stop_token_ids) | renderer.special_ids
+        self.chat_mode = bool(getattr(engine, "wants_messages", False))
+
+    async def __call__(self, channel: EpisodeChannel, agent: str, body: Any) -> ChatResult:
+        request = parse_chat_request(body)
+        timeline = channel.timeline(agent)
+        timeline.in_flight += 1
+        try:
+            prompt = timeline.prompt_for(request)
+            sampling = self._sampling(channel.sampling, request)
+            self._check_fits(channel, prompt, sampling)
+            generation, server_prompt = await self._generate(channel, request, prompt, sampling)
+            if server_prompt is not None:  # chat mode: the server rendered the prompt
+                prompt = Prompt(server_prompt)
+            exact = bool(generation.token_ids) and (server_prompt is not None or not self.chat_mode)
+            return self._finish(channel, timeline, request, prompt, generation, exact)
+        finally:
+            timeline.in_flight -= 1
+
+    def _sampling(self, base: SamplingParams, request: ChatRequest) -> SamplingParams:
+        # The episode decides temperature/top_p/top_k (training samples from the policy it trains);
+        # the request may ask for fewer tokens and for stop strings.
+        max_tokens = min(request.max_tokens or base.max_tokens, base.max_tokens)
+        return replace(base, max_tokens=max_tokens, stop=request.stop or base.stop,
+                       stop_token_ids=base.stop_token_ids + self.stop_token_ids)
+
+    def _check_fits(self, channel: EpisodeChannel, prompt: Prompt, sampling: SamplingParams) -> None:
+        needed = len(prompt.ids) + sampling.max_tokens
+        if needed > self.max_model_len:
+            channel.context_overflow = True
+            channel.counters["context_overflow"] = 1
+            raise GatewayError(
+                400, f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                     f"{needed} tokens ({len(prompt.ids)} in the messages, {sampling.max_tokens} in the completion). "
+                     "Please reduce the length of the messages or completion.",
+                code="context_length_exceeded", param="messages")
+
+    async def _generate(self, channel: EpisodeChannel, request: ChatRequest, prompt: Prompt,
+                        sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
+        try:
+            if self.chat_mode:
+                return await self.engine.generate_chat(request.messages, request.tools, sampling)
+            return await self.engine.generate(prompt.ids, sampling, request_id=channel.episode_id), None
+        except Exception as error:
+            channel.counters["engine_errors"] += 1
+            raise GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}",
+                               code="engine_error") from error
+
+    def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
+                generation: Generation, exact: bool) -> ChatResult:
+        if exact:
+            token_ids = generation.token_ids
+            ends_on_stop = generation.finish_reason == "stop" and token_ids[-1] in self.stop_tokens
+            stop_token = token_ids[-1] if ends_on_stop else None
+            text_ids = token_ids[:-1] if stop_token is not None else token_ids
+            text = self.renderer.decode(text_ids)
+        else:  # the engine gave text only: keep it for the log, the episode is not trainable
+            channel.trainable = False
+            text = generation.text or ""
+            token_ids = text_ids = self.renderer.encode(text)
+            stop_token = None
+        if generation.finish_reason == "stop" and request.stop:
+            text = _cut_at_stop(text, request.stop)
+        reasoning, content = self.reasoning_parser.split(text) if self.reasoning_parser else (None, text)
+        parsed = self.tool_parser.parse(content) if request.parses_tool_calls else ToolParse(content)
+        calls = parsed.calls if request.parallel_tool_calls else parsed.calls[:1]
+        self._check_madness(channel, request, text_ids, parsed, content)
+        reply: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if calls:
+            reply["tool_calls"] = calls
+        if reasoning:
+            reply["reasoning_content"] = reasoning
+        timeline.record(request, prompt, token_ids, generation.logprobs if exact else None, reply,
+                        exact=exact, stop_token=stop_token, extendable=exact and not self.chat_mode)
+        channel.counters["calls"] += 1
+        channel.counters["prompt_tokens"] += len(prompt.ids)
+        channel.counters["generated_tokens"] += len(token_ids)
+        channel.counters["tool_calls"] += len(calls)
+        message = {**reply, "content": parsed.content if (parsed.content or not calls) else None}
+        logprobs = None
+        if request.logprobs and exact and generation.logprobs is not None:
+            logprobs = [(self.renderer.token_text(token), logprob)
+                        for token, logprob in zip(text_ids, generation.logprobs, strict=False)]
+        return ChatResult(request, "chatcmpl-" + secrets.token_hex(12), int(time.time()), message,
+                          "tool_calls" if calls else generation.finish_reason, len(prompt.ids), len(token_ids),
+                          logprobs)
+
+    def _check_madness(self, channel: EpisodeChannel, request: ChatRequest, text_ids: list[int],
+                       parsed: ToolParse, content: str) -> None:
+        if madness.NONSENSE in self.checks:
+            if any(token in self.renderer.special_ids for token in text_ids):
+                channel.flag_madness(madness.NONSENSE, "a special token leaked into the reply")
+            elif madness.repetition_loop(text_ids):
+                channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")
+        if madness.WRONG_TOOLCALL in self.checks:
+            marker = getattr(self.tool_parser, "START", None)
+            without_tools = not request.tools and bool(marker) and marker in content
+            problems = madness.wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
+            channel.counters["tool_call_errors"] += len(problems)
+            for problem in problems:
+                channel.flag_madness(madness.WRONG_TOOLCALL, problem)
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    cut = min((at for at in (text.find(stop) for stop in stops) if at >= 0), default=-1)
+    return text[:cut] if cut >= 0 else text

@@ -1,0 +1,210 @@
+"""Reading a `/v1/chat/completions` request: validate what matters, normalise, ignore the rest.
+
+Messages come out as plain dicts in one shape the chat template and the timeline can rely on:
+`role` (system, user, assistant, tool), `content` (a string, never None or parts), and where given
+`name`, `tool_calls` (`[{id, type, function: {name, arguments: JSON string}}]`), `tool_call_id`,
+`reasoning_content`. Anything wrong is a `GatewayError` 400 that says which field and why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from agenttune.gateway.errors import bad_request
+
+ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+TEXT_PART_TYPES = {"text", "input_text", "output_text"}
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {tool["function"]["name"] for tool in self.tools}
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request(f"n={n!r} is not supported: the gateway returns one choice per request "
+                          "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string.", param="model")
+    stream = _optional(body, "stream", bool) or False
+    stream_options = _optional(body, "stream_options", dict) or {}
+    return ChatRequest(
+        model=model or "agenttune",
+        messages=_messages(body.get("messages")),
+        tools=_tools(body.get("tools")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        parallel_tool_calls=_optional(body, "parallel_tool_calls", bool, default=True),
+        stream=stream,
+        include_usage=bool(stream and stream_options.get("include_usage")),
+        max_tokens=_max_tokens(body),
+        stop=_stop(body.get("stop")),
+        logprobs=bool(_optional(body, "logprobs", bool)),
+        template_kwargs=_optional(body, "chat_template_kwargs", dict) or {},
+    )
+
+
+def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise bad_request(f"'{key}' must be a {kind.__name__}, not {type(value).__name__}.", param=key)
+    return value
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = _optional(body, key, int)
+        if value is not None:
+            if value < 1:
+                raise bad_request(f"'{key}' must be at least 1, got {value}.", param=key)
+            return value
+    return None
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list) and all(isinstance(item, str) for item in stop):
+        return tuple(item for item in stop if item)
+    raise bad_request("'stop' must be a string or a list of strings.", param="stop")
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of message objects.", param="messages")
+    return [_message(message, index) for index, message in enumerate(messages)]
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise bad_request(f"{where} must be an object with 'role' and 'content'.", param=where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_request(f"{where}.role must be one of system, user, assistant, tool; got {role!r}.",
+                          param=f"{where}.role")
+    role = {"developer": "system", "function": "tool"}.get(role, role)
+    normal: dict[str, Any] = {"role": role, "content": _content(message.get("content"), f"{where}.content")}
+    name = message.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise bad_request(f"{where}.name must be a string.", param=f"{where}.name")
+        normal["name"] = name
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if calls:
+            normal["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if isinstance(reasoning, str) and reasoning:
+            normal["reasoning_content"] = reasoning
+    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+        normal["tool_call_id"] = message["tool_call_id"]
+    return normal
+
+
+def _content(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind in TEXT_PART_TYPES or kind is None:
+                raise bad_request(f"{where}[{index}] must be a text part: {{\"type\": \"text\", \"text\": \"...\"}}.",
+                                  param=where)
+            else:
+                raise bad_request(f"{where}[{index}] is a {kind!r} part; this model only takes text parts.",
+                                  param=where)
+        return "".join(texts)
+    raise bad_request(f"{where} must be a string or a list of text parts, not {type(content).__name__}.", param=where)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list.", param=where)
+    normal = []
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"{where}[{index}] must look like {{\"id\": ..., \"type\": \"function\", "
+                              "\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}.", param=where)
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = "{}"
+        elif not isinstance(arguments, str):
+            try:
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            except (TypeError, ValueError):
+                raise bad_request(f"{where}[{index}].function.arguments must be JSON.", param=where) from None
+        call_id = call.get("id")
+        normal.append({"id": call_id if isinstance(call_id, str) else f"call_{index}", "type": "function",
+                       "function": {"name": name, "arguments": arguments}})
+    return normal
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be a list of {\"type\": \"function\", \"function\": {...}} objects.",
+                          param="tools")
+    normal = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad_request(f"tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                              "\"parameters\": {...}}}}.", param=f"tools[{index}]")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise bad_request(f"tools[{index}].function.parameters must be a JSON-schema object.",
+                              param=f"tools[{index}]")
+        normal.append({"type": "function", "function": function})
+    return normal
+
+
+def _tool_choice(choice: Any) -> str | dict[str, Any]:
+    if choice is None:
+        return "auto"
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) and isinstance(
+            choice["function"].get("name"), str):
+        return choice
+    raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
+                      "{\"type\": \"function\", \"function\": {\"name\": ...}}.", param="tool_choice")

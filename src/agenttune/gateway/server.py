@@ -1,0 +1,243 @@
+"""The gateway: an OpenAI-compatible server in front of the inference engine.
+
+    gateway = Gateway(engine, tokenizer, config)
+    await gateway.start()                         # uvicorn on 127.0.0.1, a free port
+    channel = gateway.open_episode("ep-1", sampling)
+    ...                                           # clients send channel.api_key() to channel.base_url
+    gateway.close_episode(channel)
+    await gateway.stop()
+
+Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`; each also under `/e/{key}`
+for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
+error shape. The HTTP server and the in-process transports call the same `handle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from agenttune.config import AgentTuneConfig
+from agenttune.engine import InferenceEngine, SamplingParams
+from agenttune.errors import UserError
+from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
+from agenttune.gateway.completions import ChatCompletions
+from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.gateway.reasoning import get_reasoning_parser
+from agenttune.gateway.rendering import ChatRenderer
+from agenttune.gateway.responses import completion_body, completion_events, dumps
+from agenttune.gateway.tool_parsers import get_tool_parser
+
+log = structlog.get_logger("agenttune.gateway")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+JSON = "application/json"
+EVENTS = "text/event-stream"
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = JSON
+
+
+class Gateway:
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: AgentTuneConfig):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.renderer = ChatRenderer(tokenizer)
+        self.completions = ChatCompletions(
+            engine, self.renderer, get_tool_parser(config.gateway.tool_parser),
+            get_reasoning_parser(config.gateway.reasoning_parser),
+            max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist))
+        self.model_name = config.model.path or "agenttune"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port: int | None = None
+        self._channels: dict[str, EpisodeChannel] = {}
+        self._server: Any = None
+        self._serving: asyncio.Task | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> Gateway:
+        """Serve HTTP on `gateway.host:gateway.port` (port 0: a free one) from this event loop."""
+        import uvicorn
+
+        self.loop = asyncio.get_running_loop()
+        if self._server is not None:
+            return self
+        settings = self.config.gateway
+        self._server = _EmbeddedServer(uvicorn.Config(
+            build_app(self), host=settings.host, port=settings.port, log_level="warning", access_log=False,
+            lifespan="off", timeout_keep_alive=30))
+        self._serving = asyncio.create_task(self._server.serve(), name="agenttune-gateway")
+        while not self._server.started:
+            if self._serving.done():
+                error = self._serving.exception() if not self._serving.cancelled() else None
+                self._server = None
+                raise UserError(f"The gateway could not listen on {settings.host}:{settings.port}: "
+                                f"{error or 'the server stopped'}.",
+                                hint="Pick another gateway.port (0 picks a free one) or gateway.host.")
+            await asyncio.sleep(0.005)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(self._serving, timeout=5)
+        if not self._serving.done():
+            self._server.force_exit = True
+            self._serving.cancel()
+        self._server = self._serving = None
+        self.port = None
+
+    async def __aenter__(self) -> Gateway:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    @property
+    def root_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("The gateway has no HTTP address until `await gateway.start()`.")
+        host = self.config.gateway.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root_url}/v1"
+
+    # -- episodes ------------------------------------------------------------------------------------
+    def open_episode(self, episode_id: str, sampling: SamplingParams | None = None) -> EpisodeChannel:
+        if self.loop is None:
+            with contextlib.suppress(RuntimeError):
+                self.loop = asyncio.get_running_loop()
+        key = secrets.token_urlsafe(24)
+        channel = EpisodeChannel(self, episode_id, key, sampling or self.default_sampling())
+        self._channels[key] = channel
+        return channel
+
+    def close_episode(self, channel: EpisodeChannel) -> None:
+        """Later requests with the channel's key get 401; its record stays readable."""
+        channel.closed = True
+        self._channels.pop(channel.key, None)
+
+    def default_sampling(self) -> SamplingParams:
+        rollout = self.config.rollout
+        return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                              max_tokens=rollout.max_response_length_in_one_turn)
+
+    # -- requests ----------------------------------------------------------------------------------------
+    async def handle(self, method: str, path: str, headers: Any, body: bytes) -> Reply:
+        """Answer one HTTP request. Never raises (but for cancellation): refusals are error bodies."""
+        try:
+            return await self._route(method, path, headers, body)
+        except GatewayError as error:
+            return Reply(error.status, dumps(error.body()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a bug: say so, keep serving
+            log.exception("gateway error", path=path)
+            return Reply(500, dumps(GatewayError(500, f"Internal gateway error: {type(error).__name__}: {error}",
+                                                 type="server_error").body()))
+
+    async def _route(self, method: str, path: str, headers: Any, body: bytes) -> Reply:
+        path_key = None
+        if path.startswith("/e/"):
+            path_key, _, rest = path[3:].partition("/")
+            path = "/" + rest
+        route = path.rstrip("/").removeprefix("/v1")
+        if route == "/chat/completions":
+            _allow(method, "POST")
+            channel, agent = self._channel(path_key or _header_key(headers))
+            result = await self.completions(channel, agent, _json(body))
+            if result.request.stream:
+                return Reply(200, completion_events(result), EVENTS)
+            return Reply(200, completion_body(result))
+        if route == "/models":
+            _allow(method, "GET")
+            return Reply(200, dumps({"object": "list", "data": [
+                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agenttune"}]}))
+        if route in ("/health", ""):
+            _allow(method, "GET")
+            return Reply(200, dumps({"status": "ok", "episodes": len(self._channels)}))
+        raise GatewayError(404, f"No route {method} {path}. The gateway serves POST /v1/chat/completions, "
+                                "GET /v1/models and GET /health.", code="not_found")
+
+    def _channel(self, api_key: str | None) -> tuple[EpisodeChannel, str]:
+        key, _, agent = (api_key or "").partition(".")
+        channel = self._channels.get(key)
+        if channel is None:
+            raise GatewayError(401, "Unknown or closed episode key. Send the key the episode was given "
+                                    "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
+                               code="invalid_api_key")
+        return channel, agent or DEFAULT_AGENT
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise GatewayError(405, f"Method {method} is not allowed here; use {allowed}.", code="method_not_allowed")
+
+
+def _header_key(headers: Any) -> str | None:
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else authorization.strip()
+    return headers.get("api-key") or headers.get("x-api-key")
+
+
+def _json(body: bytes) -> Any:
+    if len(body) > MAX_BODY_BYTES:
+        raise GatewayError(413, f"The request body is larger than {MAX_BODY_BYTES // 2**20} MiB.")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"The request body is not valid JSON: {error}.") from None
+
+
+def build_app(gateway: Gateway) -> Any:
+    """The Starlette app: every path goes to `gateway.handle`."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def endpoint(request: Request) -> Response:
+        reply = await gateway.handle(request.method, request.url.path, request.headers, await request.body())
+        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
+
+
+def _embedded_server_class() -> type:
+    import uvicorn
+
+    class EmbeddedServer(uvicorn.Server):
+        """uvicorn without its signal handlers: Ctrl-C belongs to the program that embeds the gateway."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+        def install_signal_handlers(self) -> None:
+            pass
+
+    return EmbeddedServer
+
+
+def _EmbeddedServer(config: Any) -> Any:  # noqa: N802 - reads like the class it builds
+    return _embedded_server_class()(config)

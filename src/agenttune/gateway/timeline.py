@@ -1,0 +1,192 @@
+"""One agent's calls in one episode, merged into training samples with exact token ids.
+
+When a request's messages are the previous request's messages plus the reply the model generated
+plus new messages (tool results, a user turn), its prompt is the previous prompt ids + the generated
+ids + the template glue and new messages tokenized on their own (the delta). Nothing generated is
+re-tokenized. Such calls merge into one sample whose loss mask is 1 exactly on generated tokens.
+Otherwise a new sample starts and the reason is counted (`BREAK_REASONS`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from agenttune.episode import Sample
+from agenttune.gateway.protocol import ChatRequest
+from agenttune.gateway.rendering import ChatRenderer
+
+BREAK_REASONS = {
+    "tools_changed": "the request offered different tools than the previous one",
+    "template_kwargs_changed": "chat_template_kwargs differ from the previous request",
+    "history_rewritten": "the earlier messages differ (compressed, edited, or another conversation)",
+    "repeated_request": "the same messages were sent again (a retry or a resample)",
+    "reply_missing": "the message after the previous history is not the model's reply",
+    "reply_modified": "the model's reply came back changed",
+    "dropped_thinking": "the model's reply came back without its reasoning",
+    "no_new_messages": "nothing follows the model's reply",
+    "template_not_append_only": "the chat template renders this conversation differently than the last",
+    "concurrent_call": "another call of the same agent was still running",
+}
+
+
+@dataclass
+class SampleBuilder:
+    agent: str
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    num_calls: int = 0
+    exact: bool = True  # False: built from text, not from the engine's token ids
+
+    def add_context(self, token_ids: list[int]) -> None:
+        self.response_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+    def add_generated(self, token_ids: list[int], logprobs: list[float] | None) -> None:
+        self.response_ids += token_ids
+        self.loss_mask += [1] * len(token_ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        self.num_calls += 1
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def to_sample(self, trainable: bool) -> Sample:
+        return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
+                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=self.num_calls,
+                      trainable=trainable and self.exact)
+
+
+@dataclass
+class Prompt:
+    """The ids to generate from, and how they relate to the timeline."""
+
+    ids: list[int]
+    extends: SampleBuilder | None = None  # the sample this call continues
+    context_ids: list[int] = field(default_factory=list)  # glue + new messages, when extending
+    break_reason: str | None = None  # why it does not continue the previous call
+
+
+@dataclass
+class _Turn:
+    """What the previous call left for the next one to extend."""
+
+    messages: list[dict[str, Any]]
+    reply: dict[str, Any]
+    tools: list[dict[str, Any]]
+    template_kwargs: dict[str, Any]
+    stop_token: int | None  # the last generated id, when it was a stop token
+
+
+class Timeline:
+    def __init__(self, agent: str, renderer: ChatRenderer, samples: list[SampleBuilder]):
+        self.agent = agent
+        self.renderer = renderer
+        self.samples = samples  # shared with the channel: every agent's samples in creation order
+        self.current: SampleBuilder | None = None
+        self.breaks: Counter[str] = Counter()
+        self.conversation: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self._turn: _Turn | None = None
+
+    def prompt_for(self, request: ChatRequest) -> Prompt:
+        """The prompt ids for `request`: an extension of the current sample when possible."""
+        reason = None if self._turn is None else self._break_reason(request)
+        if self._turn is not None and reason is None:
+            prompt = self._extension(request)
+            if prompt is not None:
+                return prompt
+            reason = "template_not_append_only"
+        text = self.renderer.render(request.messages, request.tools, add_generation_prompt=True,
+                                    template_kwargs=request.template_kwargs)
+        return Prompt(self.renderer.encode(text), break_reason=reason)
+
+    def _extension(self, request: ChatRequest) -> Prompt | None:
+        turn, sample = self._turn, self.current
+        new_messages = request.messages[len(turn.messages) + 1:]
+        delta = self.renderer.delta_text(turn.messages, new_messages, request.tools, request.template_kwargs)
+        if delta is None:
+            return None
+        closing, added = delta
+        if turn.stop_token is not None:  # the model already wrote the start of the closing glue
+            stop_text = self.renderer.token_text(turn.stop_token)
+            if closing.startswith(stop_text):
+                closing = closing[len(stop_text):]
+        context_ids = self.renderer.encode(closing + added)
+        return Prompt(sample.context_ids + context_ids, sample, context_ids)
+
+    def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,
+               reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True) -> None:
+        """File a finished call: extend the current sample or start a new one.
+
+        `exact`: the ids are the engine's; `extendable`: a later call may continue this one.
+        """
+        if prompt.extends is not None and prompt.extends is self.current:
+            sample = prompt.extends
+            sample.add_context(prompt.context_ids)
+        else:
+            sample = SampleBuilder(self.agent, list(prompt.ids), exact=exact)
+            self.samples.append(sample)
+            self.current = sample
+            if prompt.break_reason:
+                self.breaks[prompt.break_reason] += 1
+        sample.add_generated(token_ids, logprobs)
+        self.conversation = [*request.messages, reply]
+        self._turn = None
+        if exact and extendable:
+            self._turn = _Turn(request.messages, reply, request.tools, request.template_kwargs, stop_token)
+
+    def _break_reason(self, request: ChatRequest) -> str | None:
+        """Why `request` cannot extend the previous call; None when it can."""
+        turn = self._turn
+        if self.in_flight > 1:
+            return "concurrent_call"
+        if request.tools != turn.tools:
+            return "tools_changed"
+        if request.template_kwargs != turn.template_kwargs:
+            return "template_kwargs_changed"
+        history, messages = turn.messages, request.messages
+        if messages == history:
+            return "repeated_request"
+        if len(messages) <= len(history) or messages[: len(history)] != history:
+            return "history_rewritten"
+        reply_problem = _reply_difference(turn.reply, messages[len(history)])
+        if reply_problem:
+            return reply_problem
+        if len(messages) == len(history) + 1:
+            return "no_new_messages"
+        return None
+
+
+def _reply_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    if theirs.get("role") != "assistant":
+        return "reply_missing"
+    if (theirs.get("content") or "") != (ours.get("content") or ""):
+        return "reply_modified"
+    if _calls_key(theirs) != _calls_key(ours):
+        return "reply_modified"
+    our_reasoning, their_reasoning = ours.get("reasoning_content"), theirs.get("reasoning_content")
+    if our_reasoning and not their_reasoning:
+        return "dropped_thinking"
+    if (their_reasoning or None) != (our_reasoning or None):
+        return "reply_modified"
+    return None
+
+
+def _calls_key(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Tool calls compared by name and parsed arguments (clients re-serialise JSON their own way)."""
+    key = []
+    for call in message.get("tool_calls") or []:
+        arguments = call["function"]["arguments"]
+        try:
+            arguments = json.dumps(json.loads(arguments), sort_keys=True)
+        except ValueError:
+            pass
+        key.append((call["function"]["name"], arguments))
+    return key

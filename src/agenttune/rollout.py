@@ -1,0 +1,357 @@
+"""The rollout engine: run every task as a group of episodes, isolate failures, judge each episode.
+
+One episode = one fresh `Workflow` instance running one task with its own `ModelTuner` (its own
+gateway channel), under `rollout.episode_timeout`, then the judge under `judge.timeout`. Whatever
+goes wrong inside an episode (the workflow raises, hangs, returns garbage or is cancelled; the
+judge raises or hangs) is recorded on that episode as a status and an error message; the batch
+always completes. Only cancelling `run_tasks` itself stops it (closing every channel on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import math
+import secrets
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from agenttune.engine import SamplingParams
+from agenttune.episode import Episode, EpisodeStatus
+from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.run import get_logger
+from agenttune.task import Task
+from agenttune.tuner import FrameworkLoader, ModelTuner
+from agenttune.workflow import Workflow, WorkflowOutput
+
+if TYPE_CHECKING:
+    from agenttune.config import AgentTuneConfig, RolloutConfig
+
+log = get_logger("rollout")
+
+# How long a cancelled workflow gets to unwind (close clients, release environments) before it is
+# abandoned. A workflow that swallows cancellation cannot hold the batch hostage.
+CANCEL_GRACE_S = 5.0
+# How much of a traceback an episode keeps: the innermost frames, where the user's code failed.
+ERROR_CHARS = 4000
+
+
+class EpisodeFailure(Exception):
+    """Ends an episode early with a status; the message becomes `Episode.error`."""
+
+    def __init__(self, status: EpisodeStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def sampling_params(rollout: RolloutConfig, *, validation: bool = False) -> SamplingParams:
+    """The sampling parameters of training (or validation) rollouts."""
+    return SamplingParams(
+        temperature=rollout.val_temperature if validation else rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_tokens=rollout.max_response_length_in_one_turn,
+    )
+
+
+class RolloutEngine:
+    """Runs workflows on tasks through a gateway and returns judged episodes.
+
+    `gateway` is anything with `open_episode(episode_id, sampling)` / `close_episode(channel)`
+    (agenttune.gateway.Gateway). `max_parallel` defaults to `rollout.max_env_worker`.
+    `on_episode(episode)` is called as each episode finishes (progress displays).
+    """
+
+    def __init__(
+        self,
+        config: AgentTuneConfig,
+        gateway: Any,
+        workflow_cls: type[Workflow],
+        judge: Judge | None = None,
+        *,
+        frameworks: FrameworkLoader | None = None,
+        max_parallel: int | None = None,
+        on_episode: Callable[[Episode], None] | None = None,
+    ):
+        self.config = config
+        self.gateway = gateway
+        self.workflow_cls = workflow_cls
+        self.judge = judge
+        self.frameworks = frameworks or FrameworkLoader()
+        self.max_parallel = max_parallel or config.rollout.max_env_worker
+        self.on_episode = on_episode
+
+    async def run_tasks(
+        self,
+        tasks: Sequence[Task],
+        num_repeat: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> list[Episode]:
+        """Run each task `num_repeat` times (one group per task); episodes come back in task order."""
+        num_repeat = num_repeat or self.config.rollout.num_repeat
+        sampling = sampling or sampling_params(self.config.rollout)
+        slots = asyncio.Semaphore(self.max_parallel)
+        batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
+
+        async def in_slot(task: Task, group_id: str, repeat_index: int) -> Episode:
+            async with slots:
+                return await self.run_episode(task, sampling, group_id=group_id, repeat_index=repeat_index)
+
+        async with asyncio.TaskGroup() as group:
+            jobs = [
+                group.create_task(in_slot(task, f"{batch}-{index}", repeat))
+                for index, task in enumerate(tasks)
+                for repeat in range(num_repeat)
+            ]
+        return [job.result() for job in jobs]
+
+    async def run_episode(self, task: Task, sampling: SamplingParams, *, group_id: str,
+                          repeat_index: int = 0) -> Episode:
+        """One episode, start to judged end. Never raises, except when cancelled from outside."""
+        episode = Episode(episode_id=f"{group_id}-{repeat_index}", task=task, group_id=group_id,
+                          repeat_index=repeat_index, started_at=time.time())
+        started = time.perf_counter()
+        tuners: list[ModelTuner] = []  # filled by _roll_out: its after-the-judge cleanups run below
+        try:
+            output, handed, madness = await self._roll_out(episode, sampling, tuners)
+            episode.metrics["workflow_s"] = time.perf_counter() - started
+            await self._score(episode, output, handed)
+            self._apply_madness(episode, madness)
+        except EpisodeFailure as failure:
+            episode.status, episode.error = failure.status, str(failure)
+        finally:  # also when cancelled: environment instances must be released
+            for tuner in tuners:
+                await tuner.run_cleanups()
+        episode.duration_s = time.perf_counter() - started
+        if episode.status.failed:
+            log.warning("episode failed", episode=episode.episode_id, task=task.task_id,
+                        status=episode.status.value, error=(episode.error or "").splitlines()[0][:200])
+        if self.on_episode is not None:
+            self.on_episode(episode)
+        return episode
+
+    # -- the workflow ------------------------------------------------------------------------------
+    async def _roll_out(self, episode: Episode, sampling: SamplingParams,
+                        tuners: list[ModelTuner]) -> tuple[WorkflowOutput, dict, list[str]]:
+        """Run the workflow and collect the channel's record, whatever happened."""
+        try:
+            channel = self.gateway.open_episode(episode.episode_id, sampling)
+        except Exception as error:
+            raise EpisodeFailure(EpisodeStatus.ENGINE_ERROR, f"the gateway could not open the episode: "
+                                 f"{describe(error)}") from error
+        tuner = ModelTuner(channel, episode.task, self.config, self.frameworks)
+        tuners.append(tuner)
+        outcome: WorkflowOutput | EpisodeFailure
+        try:
+            try:
+                outcome = await self._execute(episode.task, tuner)
+            except EpisodeFailure as failure:
+                outcome = failure
+            try:  # also after a failure: a partial conversation is what the log viewer must show
+                self._collect(episode, channel)
+            except EpisodeFailure as failure:
+                outcome = outcome if isinstance(outcome, EpisodeFailure) else failure
+        finally:
+            await _cleanup(tuner.aclose)
+            await _cleanup(lambda: self.gateway.close_episode(channel))
+        if isinstance(outcome, EpisodeFailure):
+            raise outcome
+        return outcome, dict(tuner.judge_input_dictionary), list(getattr(channel, "madness", None) or [])
+
+    async def _execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
+        timeout = self.config.rollout.episode_timeout
+        runner = asyncio.ensure_future(self._call_workflow(task, tuner))
+        try:
+            done, _ = await asyncio.wait({runner}, timeout=timeout)
+        except asyncio.CancelledError:  # the batch is being cancelled: take the workflow down with it
+            runner.cancel()
+            raise
+        if not done:
+            runner.cancel()
+            finished, _ = await asyncio.wait({runner}, timeout=CANCEL_GRACE_S)
+            late = "" if finished else f" and did not stop within {CANCEL_GRACE_S:g}s of being cancelled"
+            raise EpisodeFailure(EpisodeStatus.TIMEOUT,
+                                 f"the workflow ran past rollout.episode_timeout={timeout:g}s{late}")
+        if runner.cancelled():
+            raise EpisodeFailure(EpisodeStatus.CANCELLED, "the workflow was cancelled (it raised CancelledError)")
+        error = runner.exception()
+        if error is not None:
+            status = EpisodeStatus.ENGINE_ERROR if _engine_failed(tuner) else EpisodeStatus.WORKFLOW_ERROR
+            raise EpisodeFailure(status, describe(error))
+        return _workflow_output(runner.result(), self.workflow_cls)
+
+    async def _call_workflow(self, task: Task, tuner: ModelTuner) -> Any:
+        workflow = self.workflow_cls()
+        if not inspect.iscoroutinefunction(workflow.execute):
+            result = await run_in_thread(workflow.execute, task, tuner)
+            return await result if inspect.isawaitable(result) else result
+        try:
+            return await workflow.execute(task, tuner)
+        except SystemExit as exit_:  # would stop the event loop, and every other episode with it
+            raise RuntimeError(f"the workflow called sys.exit({exit_.code})") from None
+
+    def _collect(self, episode: Episode, channel: Any) -> None:
+        """Copy the conversation, samples and counters off the channel before it closes."""
+        try:
+            episode.messages = channel.messages()
+            episode.samples = channel.samples(trainable_targets=self.config.rollout.trainable_targets)
+            episode.metrics.update(channel.metrics())
+            trainable = getattr(channel, "trainable", True)
+        except Exception as error:
+            raise EpisodeFailure(EpisodeStatus.ENGINE_ERROR,
+                                 f"reading the episode's record from the gateway failed: {describe(error)}") from error
+        if not trainable and episode.status is EpisodeStatus.OK:
+            episode.status = EpisodeStatus.NOT_TRAINABLE
+            episode.error = "the inference engine returned text without token ids; these samples are not trained"
+
+    # -- the reward --------------------------------------------------------------------------------------------
+    async def _score(self, episode: Episode, output: WorkflowOutput, handed: dict[str, Any]) -> None:
+        episode.output = output.metadata
+        use_judge = self.judge is not None and (output.reward is None or self.config.judge.always_run)
+        if not use_judge:
+            if output.reward is None:
+                raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR,
+                                     "the workflow returned no reward and no judge is configured: set judge.type "
+                                     "(or judge.judge_protocol) in the config, or return WorkflowOutput(reward=...)")
+            episode.reward = output.reward
+            episode.success = output.success if output.success is not None else output.reward > 0
+            return
+        judge_input = JudgeInput(task=episode.task, output=output, handed=handed, messages=episode.messages)
+        started = time.perf_counter()
+        result = await self._call_judge(judge_input)
+        episode.metrics["judge_s"] = time.perf_counter() - started
+        episode.reward, episode.success = result.reward, result.success
+        episode.judge_details = result.details
+        if output.reward is not None:
+            episode.judge_details = {**result.details, "workflow_reward": output.reward}
+
+    async def _call_judge(self, judge_input: JudgeInput) -> JudgeResult:
+        assert self.judge is not None
+        timeout = self.config.judge.timeout
+        if inspect.iscoroutinefunction(self.judge.judge):
+            call = self.judge.judge(judge_input)
+        else:
+            call = run_in_thread(self.judge.judge, judge_input)
+        runner = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({runner}, timeout=timeout)
+        except asyncio.CancelledError:
+            runner.cancel()
+            raise
+        if not done:
+            runner.cancel()
+            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge ran past judge.timeout={timeout:g}s")
+        if runner.cancelled():
+            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, "the judge was cancelled (it raised CancelledError)")
+        if runner.exception() is not None:
+            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge raised {describe(runner.exception())}")
+        return _judge_result(runner.result(), type(self.judge))
+
+    def _apply_madness(self, episode: Episode, madness: list[str]) -> None:
+        """A madness hit replaces the reward with `rollout.agent_madness_reward` (the judge's is kept)."""
+        if not madness:
+            return
+        penalty = self.config.rollout.agent_madness_reward
+        episode.judge_details = {**episode.judge_details, "madness": madness, "judge_reward": episode.reward}
+        episode.reward = penalty
+        if not episode.status.failed:
+            episode.status = EpisodeStatus.MADNESS
+
+
+def _workflow_output(value: Any, workflow_cls: type) -> WorkflowOutput:
+    """The workflow's return value as a WorkflowOutput, or a clear WORKFLOW_ERROR."""
+    where = f"{workflow_cls.__qualname__}.execute"
+    try:
+        output = value if isinstance(value, WorkflowOutput) else WorkflowOutput.model_validate(value)
+    except ValidationError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        raise EpisodeFailure(EpisodeStatus.WORKFLOW_ERROR,
+                             f"{where} returned {shown} ({type(value).__name__}); return "
+                             f"agenttune.WorkflowOutput(reward=..., metadata={{...}}) instead") from None
+    if output.reward is not None and not math.isfinite(output.reward):
+        raise EpisodeFailure(EpisodeStatus.WORKFLOW_ERROR, f"{where} returned a non-finite reward ({output.reward})")
+    return output
+
+
+def _judge_result(value: Any, judge_cls: type) -> JudgeResult:
+    where = f"{judge_cls.__qualname__}.judge"
+    try:
+        result = value if isinstance(value, JudgeResult) else JudgeResult.model_validate(value)
+    except ValidationError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"{where} returned {shown}; return "
+                             f"agenttune.JudgeResult(reward=..., success=...) instead") from None
+    if not math.isfinite(result.reward):
+        raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"{where} returned a non-finite reward ({result.reward})")
+    return result
+
+
+def _engine_failed(tuner: ModelTuner) -> bool:
+    """Whether the gateway saw the inference engine fail a request of this episode."""
+    try:
+        return tuner.channel.metrics().get("engine_errors", 0) > 0
+    except Exception:  # the record is read again (and its failure reported) when collecting
+        return False
+
+
+async def run_in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """Run blocking code in its own daemon thread and await its result.
+
+    Not `asyncio.to_thread`: its shared pool has a few workers, so a handful of hung sync
+    workflows would starve every later episode (and block interpreter exit). A daemon thread
+    that never returns is abandoned on timeout instead.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(error: BaseException | None, result: Any) -> None:
+        if future.done():  # timed out or cancelled meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = context.run(function, *args), None
+        except Exception as raised:  # handed to the awaiting task, which records it
+            result, error = None, raised
+        except BaseException as raised:  # sys.exit() in user code must not stop the event loop
+            result, error = None, RuntimeError(f"{getattr(function, '__qualname__', 'the call')} raised "
+                                               f"{type(raised).__name__}({raised})")
+        try:
+            loop.call_soon_threadsafe(settle, error, result)
+        except RuntimeError:  # the loop closed while this thread ran past its timeout
+            pass
+
+    threading.Thread(target=target, daemon=True, name=f"agenttune-{getattr(function, '__qualname__', 'call')}").start()
+    return await future
+
+
+def describe(error: BaseException) -> str:
+    """`Type: message` and the innermost frames of the traceback, for Episode.error."""
+    text = "".join(traceback.format_exception(error)).rstrip()
+    head = f"{type(error).__name__}: {error}"
+    if len(text) > ERROR_CHARS:
+        text = "...\n" + text[-ERROR_CHARS:]
+    return f"{head}\n{text}"
+
+
+async def _cleanup(step: Callable[[], Any]) -> None:
+    """Run (and await) a cleanup step that must not turn a finished episode into a crash."""
+    try:
+        result = step()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as error:
+        log.warning("episode cleanup failed", error=f"{type(error).__name__}: {error}")

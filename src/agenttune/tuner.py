@@ -1,0 +1,168 @@
+"""`ModelTuner`: the workflow's handle to the model under training, one per episode.
+
+Everything an agent needs to talk to the model goes through the tuner: an OpenAI base URL and an
+episode key, ready-made OpenAI clients, or an agent framework's own model class (`as_model`). Every
+call made through any of them lands on this episode's timeline in the gateway, token by token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agenttune.errors import UserError
+
+if TYPE_CHECKING:
+    import openai
+
+    from agenttune.agent_framework import AgentFramework
+    from agenttune.config import AgentTuneConfig
+    from agenttune.gateway import EpisodeChannel
+    from agenttune.task import Task
+
+
+class ModelTuner:
+    """The model under training, as seen by one episode.
+
+    Several agents in one episode each get their own name (`agent="critic"`): their calls form
+    separate timelines, and `rollout.trainable_targets` picks whose samples are trained.
+    """
+
+    def __init__(self, channel: EpisodeChannel, task: Task, config: AgentTuneConfig,
+                 frameworks: FrameworkLoader | None = None):
+        self.channel = channel
+        self.task = task
+        self.config = config
+        self.frameworks = frameworks or FrameworkLoader()
+        self.judge_input_dictionary: dict[str, Any] = {}
+        self._clients: list[Any] = []
+        self._cleanups: list[Any] = []
+
+    # -- the endpoint ----------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """The gateway's OpenAI base URL (ends in /v1); reachable over HTTP from other processes."""
+        return self.channel.base_url
+
+    @property
+    def api_key(self) -> str:
+        """The episode key: send it as the API key (or use `api_key_for(agent)`)."""
+        return self.channel.key
+
+    def api_key_for(self, agent: str | None = None) -> str:
+        """The key that files calls under `agent` ("default" when None)."""
+        if agent is not None and (not agent or "." in agent or "/" in agent):
+            raise UserError(f"Agent name {agent!r} is not allowed.",
+                            hint="Use a non-empty name without '.' or '/', e.g. 'solver' or 'critic'.")
+        return self.channel.api_key(agent)
+
+    @property
+    def model_name(self) -> str:
+        """A model name to put in requests; the gateway accepts any."""
+        return self.config.model.path or "agenttune"
+
+    @property
+    def context_overflow(self) -> bool:
+        """True once a request of this episode did not fit in `model.max_model_len`: stop the loop."""
+        return bool(self.channel.context_overflow)
+
+    @property
+    def episode_id(self) -> str:
+        return self.channel.episode_id
+
+    # -- OpenAI clients ----------------------------------------------------------------------------
+    def as_openai_client(self, agent: str | None = None, *, http: bool = False, **kwargs: Any) -> openai.OpenAI:
+        """A synchronous `openai.OpenAI` client for this episode.
+
+        Calls go through an in-process transport (no socket) unless `http=True`, which uses the
+        gateway's real HTTP server. `kwargs` go to `openai.OpenAI` (timeout, default_headers, ...).
+        """
+        import httpx
+        import openai
+
+        http_client = None if http else httpx.Client(transport=self.channel.transport())
+        return self._keep(openai.OpenAI(**self._client_args(agent, http_client, kwargs)))
+
+    def as_async_openai_client(self, agent: str | None = None, *, http: bool = False,
+                               **kwargs: Any) -> openai.AsyncOpenAI:
+        """An `openai.AsyncOpenAI` client for this episode (see `as_openai_client`)."""
+        import httpx
+        import openai
+
+        http_client = None if http else httpx.AsyncClient(transport=self.channel.async_transport())
+        return self._keep(openai.AsyncOpenAI(**self._client_args(agent, http_client, kwargs)))
+
+    def _client_args(self, agent: str | None, http_client: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        # No retries by default: a retried call would be a second, different sample of the same turn,
+        # and an engine failure should surface as the episode's error, not be papered over.
+        args = {"base_url": self.base_url, "api_key": self.api_key_for(agent), "max_retries": 0, **kwargs}
+        if http_client is not None:  # None: the openai package's own HTTP client, over the socket
+            args["http_client"] = http_client
+        return args
+
+    def _keep(self, client: Any) -> Any:
+        self._clients.append(client)
+        return client
+
+    # -- agent frameworks ----------------------------------------------------------------------------
+    def as_model(self, framework: str, **kwargs: Any) -> Any:
+        """The named agent framework's model object pointed at this episode (see AgentFramework)."""
+        return self.frameworks.get(framework).model_for(self, **kwargs)
+
+    def as_agentscope_model(self, **kwargs: Any) -> Any:
+        """An AgentScope chat model for this episode (needs agenttune-plugin-agentscope)."""
+        return self.as_model("agentscope", **kwargs)
+
+    def as_aworld_config(self, **kwargs: Any) -> Any:
+        """An AWorld `AgentConfig` for this episode (needs agenttune-plugin-aworld)."""
+        return self.as_model("aworld", **kwargs)
+
+    # -- the judge ----------------------------------------------------------------------------------------
+    def update_judge_input_dictionary(self, **values: Any) -> None:
+        """Hand data to the judge, e.g. `tuner.update_judge_input_dictionary(final_answer="42")`."""
+        self.judge_input_dictionary.update(values)
+
+    def add_cleanup(self, callback: Any) -> None:
+        """Call `callback()` (plain or async) once the episode is over: after the judge, and also when
+        the workflow failed, timed out or was cancelled. For what the judge still needs, such as an
+        environment instance it evaluates (`aclose` runs before the judge). Runs last-added first."""
+        self._cleanups.append(callback)
+
+    async def run_cleanups(self) -> None:
+        """Run the `add_cleanup` callbacks (the rollout engine calls this); a failing one is logged."""
+        from agenttune.run import get_logger
+
+        cleanups, self._cleanups = self._cleanups, []
+        for callback in reversed(cleanups):
+            try:
+                result = callback()
+                if hasattr(result, "__await__"):
+                    await result
+            except Exception as error:
+                get_logger("tuner").warning("episode cleanup failed", episode=self.episode_id,
+                                            error=f"{type(error).__name__}: {error}")
+
+    async def aclose(self) -> None:
+        """Close the clients handed out (the rollout engine calls this when the episode ends)."""
+        clients, self._clients = self._clients, []
+        for client in clients:
+            result = client.close()
+            if hasattr(result, "__await__"):
+                await result
+
+
+class FrameworkLoader:
+    """Creates each agent framework once per run, calling its `setup(run_dir)` first."""
+
+    def __init__(self, run_dir: Any = None):
+        self.run_dir = run_dir
+        self._frameworks: dict[str, AgentFramework] = {}
+
+    def get(self, name: str) -> AgentFramework:
+        if name not in self._frameworks:
+            from agenttune.plugins import get_component
+
+            framework = get_component("agent_frameworks", name, key="tuner.as_model")()
+            if self.run_dir is not None:
+                framework.setup(self.run_dir)
+            self._frameworks[name] = framework
+        return self._frameworks[name]

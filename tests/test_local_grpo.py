@@ -1,0 +1,273 @@
+"""The local backbone's GRPO math on hand-made episodes and a tiny locally built model."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agenttune.backbones.local.advantages import group_advantages
+from agenttune.backbones.local.batching import build_items, micro_batches
+from agenttune.config import AgentTuneConfig
+from agenttune.episode import Episode, EpisodeStatus, Sample
+from agenttune.task import Task
+
+torch = pytest.importorskip("torch")
+
+TINY = "tiny://h4-grpo?layers=2&hidden=32&heads=2&kv_heads=1&intermediate=64&vocab=300"
+
+
+def episode(group: str, index: int, reward: float, samples=(), status=EpisodeStatus.OK) -> Episode:
+    return Episode(episode_id=f"{group}-{index}", task=Task(task_id=group), group_id=group, repeat_index=index,
+                   reward=reward, status=status, samples=list(samples))
+
+
+def random_sample(rng: random.Random, vocab: int = 300) -> Sample:
+    """A multi-turn-shaped sample: generated tokens (mask 1) interleaved with inserted context (mask 0)."""
+    response, mask = [], []
+    for turn in range(rng.randint(1, 3)):
+        if turn:
+            context = rng.randint(1, 4)
+            response += [rng.randrange(3, vocab) for _ in range(context)]
+            mask += [0] * context
+        generated = rng.randint(1, 6)
+        response += [rng.randrange(3, vocab) for _ in range(generated)]
+        mask += [1] * generated
+    return Sample(prompt_ids=[rng.randrange(3, vocab) for _ in range(rng.randint(2, 6))], response_ids=response,
+                  loss_mask=mask, logprobs=[-rng.random() * 3 if m else 0.0 for m in mask])
+
+
+def step_episodes(step: int, groups: int = 3, repeat: int = 4) -> list[Episode]:
+    rng = random.Random(step)
+    return [episode(f"s{step}g{g}", r, rng.choice([0.0, 0.5, 1.0]), [random_sample(rng)])
+            for g in range(groups) for r in range(repeat)]
+
+
+# -- advantages -------------------------------------------------------------------------------------
+def reference_advantages(rewards_by_group: dict[str, list[float]], norm: bool) -> dict[str, float]:
+    """An independent computation with the statistics module (sample std, as verl and TRL)."""
+    expected = {}
+    for group, rewards in rewards_by_group.items():
+        if len(rewards) < 2 or len(set(rewards)) == 1:
+            continue
+        mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+        for index, reward in enumerate(rewards):
+            expected[f"{group}-{index}"] = (reward - mean) / (std + 1e-6) if norm else reward - mean
+    return expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.dictionaries(
+        st.sampled_from("abcdef"),
+        st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0, 3.0]), min_size=1, max_size=8),
+        min_size=1,
+    ),
+    norm=st.booleans(),
+)
+def test_advantages_match_an_independent_computation(groups, norm):
+    episodes = [episode(group, index, reward) for group, rewards in groups.items() for index, reward in enumerate(rewards)]
+    result = group_advantages(episodes, norm_by_std=norm)
+    expected = reference_advantages(groups, norm)
+    assert result.by_episode.keys() == expected.keys()
+    for key, value in expected.items():
+        assert result.by_episode[key] == pytest.approx(value, rel=1e-9, abs=1e-12)
+    flat = sum(1 for rewards in groups.values() if len(rewards) < 2 or len(set(rewards)) == 1)
+    assert result.zero_variance_groups == flat
+    assert result.num_groups == len(groups)
+
+
+def test_failed_episodes_are_left_out_of_the_group_statistics():
+    episodes = [episode("g", 0, 1.0), episode("g", 1, 0.0), episode("g", 2, 0.0, status=EpisodeStatus.TIMEOUT)]
+    result = group_advantages(episodes)
+    assert result.failed_episodes == 1
+    assert set(result.by_episode) == {"g-0", "g-1"}
+    assert result.by_episode["g-0"] == pytest.approx(-result.by_episode["g-1"])
+
+
+# -- batching ---------------------------------------------------------------------------------------
+def test_items_keep_the_mask_aligned_and_micro_batches_respect_the_budget():
+    rng = random.Random(0)
+    episodes = [episode("g", i, float(i % 2), [random_sample(rng)]) for i in range(20)]
+    advantages = group_advantages(episodes).by_episode
+    items, stats = build_items(episodes, advantages, max_prompt_length=100, max_response_length=100)
+    assert len(items) == 20 and stats.too_long_prompt == 0
+    for item, ep in zip(items, episodes, strict=True):
+        sample = ep.samples[0]
+        assert item.input_ids == sample.prompt_ids + sample.response_ids
+        assert item.loss_mask == [0] * len(sample.prompt_ids) + sample.loss_mask
+    budget = 60
+    batches = micro_batches(items, budget)
+    assert sorted(id(i) for batch in batches for i in batch) == sorted(id(i) for i in items)
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * max(len(i) for i in batch) <= budget
+
+
+def test_long_samples_are_cut_or_dropped_and_counted():
+    long_prompt = Sample(prompt_ids=[5] * 50, response_ids=[6, 7], loss_mask=[1, 1], logprobs=[-1.0, -1.0])
+    long_response = Sample(prompt_ids=[5], response_ids=[6] * 30, loss_mask=[1] * 30, logprobs=[-1.0] * 30)
+    episodes = [episode("g", 0, 1.0, [long_prompt, long_response]), episode("g", 1, 0.0)]
+    items, stats = build_items(episodes, group_advantages(episodes).by_episode,
+                               max_prompt_length=10, max_response_length=8)
+    assert stats.too_long_prompt == 1 and stats.truncated_response == 1
+    assert len(items) == 1 and len(items[0]) == 1 + 8
+
+
+# -- the trainer on a real (tiny) transformers model ---------------------------------------------------
+def make_config(**sections) -> AgentTuneConfig:
+    config = AgentTuneConfig()
+    config.model.path = TINY
+    config.trainer.learning_rate = 1e-3
+    for section, values in sections.items():
+        for key, value in values.items():
+            setattr(getattr(config, section), key, value)
+    return config
+
+
+def make_trainer(config, checkpoint=None, total_steps=4):
+    from agenttune.backbones.local.policy import load_policy, reference_scope
+    from agenttune.backbones.local.trainer import GRPOTrainer
+
+    torch.manual_seed(0)
+    model = load_policy(config, torch.device("cpu"), checkpoint=checkpoint)
+    reference = reference_scope(config, model, torch.device("cpu"))
+    return GRPOTrainer(model, config, pad_token_id=0, total_steps=total_steps, reference=reference)
+
+
+def parameters(model) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in model.named_parameters()}
+
+
+def test_gradients_are_zero_on_loss_mask_0_tokens():
+    """The gradient reaching the logits is exactly zero at every position whose target is not trained."""
+    config = make_config(local={"micro_batch_tokens": 100_000}, algorithm={"kl_coef": 0.1})
+    trainer = make_trainer(config)
+    captured = []
+
+    def keep_logits(module, args, kwargs, output):
+        output.logits.retain_grad()
+        captured.append((kwargs["input_ids"], output.logits))
+
+    handle = trainer.model.register_forward_hook(keep_logits, with_kwargs=True)
+    episodes = step_episodes(0)
+    metrics = trainer.step(episodes)
+    handle.remove()
+    assert metrics["train/updates"] == 1
+    input_ids, logits = next((ids, out) for ids, out in captured if out.grad is not None)
+    samples = {tuple(s.prompt_ids + s.response_ids): s for e in episodes for s in e.samples}
+    checked_zero = checked_nonzero = 0
+    for row, ids in enumerate(input_ids.tolist()):
+        sample = next(s for key, s in samples.items() if ids[: len(key)] == list(key))
+        mask = [0] * len(sample.prompt_ids) + sample.loss_mask
+        row_grad = logits.grad[row]
+        for position in range(len(ids) - 1):  # logits at `position` score token position + 1
+            norm = row_grad[position].abs().sum().item()
+            target_trained = position + 1 < len(mask) and mask[position + 1] == 1
+            if target_trained:
+                checked_nonzero += norm > 0
+            else:
+                assert norm == 0.0, f"gradient leaks into an untrained position {position}"
+                checked_zero += 1
+    assert checked_zero > 20 and checked_nonzero > 10
+
+
+def test_training_moves_the_policy_towards_rewarded_tokens():
+    """Two responses per prompt, one rewarded: after a few steps its log-prob rises, the other's falls."""
+    config = make_config(trainer={"learning_rate": 3e-3})
+    trainer = make_trainer(config)
+    prompt, good, bad = [10, 11, 12], [40, 41, 42], [50, 51, 52]
+
+    def sample(response):
+        return Sample(prompt_ids=prompt, response_ids=response, loss_mask=[1, 1, 1], logprobs=[-1.0] * 3)
+
+    def logprob(response):
+        from agenttune.backbones.local.batching import TrainItem
+        from agenttune.backbones.local.logprobs import collate, token_logprobs
+
+        item = TrainItem(prompt + response, [0, 0, 0, 1, 1, 1], [0.0] * 6, 0.0)
+        with torch.no_grad():
+            values, _ = token_logprobs(trainer.model, collate([item], 0, "cpu"))
+        return float(values[0, 2:].sum())
+
+    before = logprob(good), logprob(bad)
+    for step in range(5):
+        trainer.step([episode(f"s{step}", 0, 1.0, [sample(good)]), episode(f"s{step}", 1, 0.0, [sample(bad)])])
+    after = logprob(good), logprob(bad)
+    assert after[0] > before[0] + 0.5 and after[1] < before[1] - 0.5
+
+
+def test_zero_variance_steps_change_nothing_but_the_schedule():
+    trainer = make_trainer(make_config())
+    before = parameters(trainer.model)
+    metrics = trainer.step([episode("g", i, 1.0, [random_sample(random.Random(i))]) for i in range(4)])
+    assert metrics["train/zero_variance_groups"] == 1 and metrics["train/samples"] == 0
+    assert all(torch.equal(before[name], value) for name, value in parameters(trainer.model).items())
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_accumulation_matches_one_big_batch(mode):
+    """Splitting a step into micro-batches must not change the update (the denominators are global)."""
+    results = []
+    for budget in (100_000, 24):
+        config = make_config(local={"micro_batch_tokens": budget}, algorithm={"loss_agg_mode": mode})
+        trainer = make_trainer(config)
+        metrics = trainer.step(step_episodes(1))
+        results.append((parameters(trainer.model), metrics["train/micro_batches"]))
+    (big, one), (small, many) = results
+    assert one == 1 and many > 3
+    for name in big:  # updates are ~lr=1e-3 per weight; float noise is far below 1e-5
+        torch.testing.assert_close(small[name], big[name], rtol=0, atol=1e-5)
+
+
+def test_four_steps_equal_two_steps_a_checkpoint_and_two_more(tmp_path):
+    from agenttune.backbones.local.checkpoint import (
+        CheckpointState, latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint,
+    )
+
+    config = make_config(
+        trainer={"lr_schedule": "cosine", "warmup_steps": 1},
+        local={"ppo_epochs": 2, "mini_batches": 2, "micro_batch_tokens": 64},
+        algorithm={"kl_coef": 0.05},
+    )
+    straight = make_trainer(config)
+    for step in range(4):
+        straight.step(step_episodes(step))
+
+    first = make_trainer(config)
+    for step in range(2):
+        first.step(step_episodes(step))
+    state = CheckpointState(step=2, task_order={}, base_model=TINY, lora=False)
+    save_checkpoint(tmp_path, state, model=first.model, tokenizer=None, trainer_state=first.state_dict(), keep=1)
+    del first
+
+    path = latest_checkpoint(tmp_path)
+    resumed = make_trainer(config, checkpoint=path / "model")
+    resumed.load_state_dict(load_trainer_state(path))
+    restore_rng(path)
+    for step in range(2, 4):
+        resumed.step(step_episodes(step))
+
+    expected, got, initial = parameters(straight.model), parameters(resumed.model), parameters(make_trainer(config).model)
+    changed = [name for name in expected if not torch.equal(expected[name], initial[name])]
+    assert changed, "training did not change the weights at all"
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6)
+    assert resumed.scheduler.last_epoch == straight.scheduler.last_epoch == 4
+
+
+def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference():
+    pytest.importorskip("peft")
+    config = make_config(local={"lora_rank": 4, "lora_alpha": 8}, algorithm={"kl_coef": 0.1},
+                         trainer={"learning_rate": 1e-2})
+    trainer = make_trainer(config)
+    before = parameters(trainer.model)
+    metrics = trainer.step(step_episodes(0))
+    after = parameters(trainer.model)
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and all("lora_" in name for name in changed)
+    assert metrics["train/kl"] == pytest.approx(0.0, abs=1e-9)  # adapter B starts at zero: policy == base
+    metrics = trainer.step(step_episodes(1))
+    assert metrics["train/kl"] > 0
