@@ -79,3 +79,19 @@ def trinity(session: nox.Session) -> None:
     session.install("--no-deps", "trinity-rft==0.6.0")
     session.install(CPU_TORCH, "-e", ".[dev,local]", "-e", "plugins/trinity[cpu]")
     session.run("pytest", "plugins/trinity/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gsm8k(session: nox.Session) -> None:
+    """The math judges (agenttune-plugin-gsm8k): real math-verify, `datasets` loading, a loopback judge server."""
+    session.install("-e", ".[dev]", "-e", "plugins/judges/gsm8k")  # no torch: judging needs none
+    session.run("pytest", "plugins/judges/gsm8k/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def envservice(session: nox.Session) -> None:
+    """The EnvService plugin against its test server as a real process; the AppWorld example's smoke run."""
+    install_core(session, "local")  # the rollout tests tokenize with the tiny local model
+    # AgentScope 1.x for examples/appworld (the seeds' ReActAgent), through the agentscope plugin.
+    session.install(CPU_TORCH, "-e", "plugins/judges/envservice", "-e", "plugins/agentscope[agentscope1]")
+    session.run("pytest", "plugins/judges/envservice/tests", *session.posargs)

@@ -1,14 +1,14 @@
 """Shared helpers for the core test suite.
 
-Fixtures that plugins' test suites need too come from pytest plugins installed with agenttune
-(`register_plugin` from agenttune.pytest_plugin, the tiny-model fixtures from agenttune.testing).
-Here:
+    register_plugin  register a plugin for one test (agenttune.pytest_plugin; plugins' test suites
+                     get it through agenttune's `pytest11` entry point)
+    run_cli          run `agenttune ARGS...` in-process; returns exit code, stdout and stderr
+    write_yaml       write a dict as a YAML config file into tmp_path
 
-    run_cli       run `agenttune ARGS...` in-process; returns exit code, stdout and stderr
-    write_yaml    write a dict as a YAML config file into tmp_path
+The tiny-model fixtures come from agenttune.testing (also a `pytest11` plugin).
 
-Every test runs without the caller's AGENTTUNE_* variables, and with the Hugging Face libraries
-offline and caching into a temporary directory: tests never reach the hub.
+Every test runs without the caller's AGENTTUNE_* configuration variables, and with the Hugging Face
+libraries offline and caching into a temporary directory: tests never reach the hub.
 """
 
 from __future__ import annotations
@@ -22,17 +22,27 @@ from typing import Any
 import pytest
 import yaml
 
+from agenttune.pytest_plugin import register_plugin  # noqa: F401  (also here: works before a reinstall)
+
 # Set before anything imports `datasets` (it reads these once, at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_CACHE", str(Path(tempfile.gettempdir()) / "agenttune-tests" / "hf-datasets"))
 
 
+PLUGIN_VARIABLES = {"AGENTTUNE_LOAD_PLUGINS", "AGENTTUNE_DISABLE_PLUGINS", "AGENTTUNE_TRACE_PLUGINS"}
+
+
 @pytest.fixture(autouse=True)
 def _no_agenttune_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Configuration from the caller's environment must not leak into tests."""
+    """Configuration from the caller's environment (AGENTTUNE_<SECTION>..., the plugin switches) must
+    not leak into tests; other AGENTTUNE_ variables (AGENTTUNE_CACHE_DIR, ...) stay."""
+    from agenttune.config import AgentTuneConfig
+
+    sections = {name.upper() for name in AgentTuneConfig.model_fields}
     for name in list(os.environ):
-        if name.startswith("AGENTTUNE_"):
+        section = name.removeprefix("AGENTTUNE_").split("__")[0]
+        if name in PLUGIN_VARIABLES or (name.startswith("AGENTTUNE_") and section in sections):
             monkeypatch.delenv(name)
 
 

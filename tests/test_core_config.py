@@ -153,7 +153,26 @@ def test_config_show_prints_the_resolved_yaml(run_cli, write_yaml):
     assert shown["rollout"]["num_repeat"] == 3
     assert shown["trainer"]["seed"] == 7
     assert shown["model"]["max_model_len"] == AgentTuneConfig().model.max_model_len
-    assert AgentTuneConfig.model_validate(shown).model_dump() == load_config(conf, ["trainer.seed=7"]).model_dump()
+    resolved = load_config(conf, ["trainer.seed=7"])
+    assert type(resolved).model_validate(shown).model_dump() == resolved.model_dump()  # complete and valid
+
+
+def test_config_show_with_a_backbone_prints_its_generated_config(run_cli, register_plugin):
+    from agenttune.backbone import Backbone
+
+    class Translating(Backbone):
+        name = "translating"
+
+        @classmethod
+        def native_config(cls, config):
+            return {"actor_rollout_ref": {"rollout": {"n": config.rollout.num_repeat}}}
+
+    register_plugin(backbones=[Translating])
+    result = run_cli("config", "show", "--backbone", "translating", "rollout.num_repeat=6")
+    assert result.exit_code == 0, result.output
+    ours, native = result.stdout.split("# --- generated translating config ---\n")
+    assert yaml.safe_load(ours)["backbone"] == "translating"
+    assert yaml.safe_load(native) == {"actor_rollout_ref": {"rollout": {"n": 6}}}
 
 
 def test_config_schema_is_the_models_json_schema(run_cli):

@@ -182,6 +182,7 @@ async def test_max_env_worker_bounds_the_episodes_in_flight(tokenizer):
 
 
 release_threads = threading.Event()
+release_stubborn = threading.Event()
 
 
 class MixedWorkflow(Workflow):
@@ -194,9 +195,9 @@ class MixedWorkflow(Workflow):
         if mode == "hang":
             await asyncio.sleep(3600)
         if mode == "stubborn":  # swallows cancellation: must be abandoned, not awaited forever
-            while True:
+            while not release_stubborn.is_set():  # (set when the test ends, so the loop can close)
                 try:
-                    await asyncio.sleep(3600)
+                    await asyncio.sleep(0.05)
                 except asyncio.CancelledError:
                     pass
         if mode == "garbage":
@@ -271,12 +272,15 @@ async def test_failures_stay_in_their_episode(tokenizer, monkeypatch):
     modes = ["ok", "raise", "hang", "stubborn", "garbage", "nan", "cancel", "exit", "no_reward", "engine",
              "mad", "bad_tool", "judge_raise", "judge_hang", "judge_garbage"]
     engine = ScriptedEngine(tokenizer=tokenizer, responder=replies_by_mode(tokenizer))
-    async with running_gateway(engine, config=config) as gateway:
-        rollout = RolloutEngine(config, gateway, MixedWorkflow, MoodyJudge())
-        episodes = {e.task.task_id: e for e in await rollout.run_tasks(tasks(*modes))}
-        # without a judge, a workflow that sets no reward is an error of that episode alone
-        no_judge = await RolloutEngine(config, gateway, MixedWorkflow).run_tasks(
-            tasks("no_reward") + tasks("ok", reward=0.25))
+    try:
+        async with running_gateway(engine, config=config) as gateway:
+            rollout = RolloutEngine(config, gateway, MixedWorkflow, MoodyJudge())
+            episodes = {e.task.task_id: e for e in await rollout.run_tasks(tasks(*modes))}
+            # without a judge, a workflow that sets no reward is an error of that episode alone
+            no_judge = await RolloutEngine(config, gateway, MixedWorkflow).run_tasks(
+                tasks("no_reward") + tasks("ok", reward=0.25))
+    finally:
+        release_stubborn.set()
 
     expected = {
         "ok": (EpisodeStatus.OK, None),

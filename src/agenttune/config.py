@@ -156,6 +156,17 @@ class TrainerConfig(Section):
     nnodes: int = Field(default=1, gt=0, description="Nodes (cluster backbones).")
 
 
+class WarmupConfig(Section):
+    data: str | None = Field(
+        default=None,
+        description="JSONL of demonstration conversations ({\"messages\": [...], \"tools\": [...]}) for a supervised "
+        "warm-up before RL; none: no warm-up. Relative paths are relative to the current directory.",
+    )
+    steps: int = Field(default=100, ge=0, description="Warm-up optimizer steps.")
+    batch_size: int = Field(default=32, gt=0, description="Conversations per warm-up step.")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Warm-up peak learning rate (decays linearly to 0).")
+
+
 class LocalConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the local backbone trains.")
     micro_batch_tokens: int = Field(default=8192, gt=0, description="Token budget of one micro-batch.")
@@ -169,6 +180,7 @@ class LocalConfig(Section):
     ppo_epochs: int = Field(default=1, gt=0, description="Passes over the step's samples (each pass does `mini_batches` updates).")
     keep_checkpoints: int = Field(default=2, gt=0, description="How many of the newest checkpoints to keep on disk.")
     plot: bool = Field(default=True, description="Write training_curves.png into the run directory at the end.")
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="Supervised warm-up before RL (off by default).")
 
 
 class DebugConfig(Section):

@@ -49,6 +49,7 @@ def step_metrics(episodes: Sequence[Episode], *, prefix: str = "") -> dict[str, 
         **_token_metrics(episodes),
         **_failures_by_cause(episodes),
         **_merge_breaks(episodes),
+        **_judge_details(episodes),
     }
     return {f"{prefix}{name}": value for name, value in metrics.items()}
 
@@ -85,6 +86,17 @@ def _failures_by_cause(episodes: Sequence[Episode]) -> dict[str, float]:
     counts = Counter(episode.status for episode in episodes if episode.status.failed)
     # Every cause is always present (0 when none), so curves do not start mid-run.
     return {f"failures/{status.value}": float(counts[status]) for status in EpisodeStatus if status.failed}
+
+
+def _judge_details(episodes: Sequence[Episode]) -> dict[str, float]:
+    """`judge/<key>`: the mean of each numeric judge detail (format_ok, env_score, llm_score, ...)
+    over the episodes that report it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for episode in episodes:
+        for key, value in episode.judge_details.items():
+            if isinstance(value, int | float) and math.isfinite(value):  # bools count as 0/1
+                values[key].append(float(value))
+    return {f"judge/{key}": statistics.fmean(numbers) for key, numbers in sorted(values.items())}
 
 
 def _merge_breaks(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -12,10 +12,11 @@ owner. Everything the session built is closed on exit, also when the body raises
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agenttune.errors import UserError
 from agenttune.metrics import MetricsLog, step_metrics
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from agenttune.run import Run
 
 VALIDATION = "validation"
+# How long leftover tasks (episodes abandoned after a timeout) get to stop when the run ends.
+SHUTDOWN_GRACE_S = 5.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -116,3 +121,26 @@ async def rollout_session(
         rollout = RolloutEngine(config, gateway, components.workflow_cls, judge, frameworks=frameworks,
                                 max_parallel=max_parallel, on_episode=on_episode)
         yield RolloutSession(config, components, tokenizer, engine, gateway, judge, rollout, run)
+
+
+def run_until_done(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` for backbones: leftovers cannot keep the run from ending.
+
+    `asyncio.run` waits, at exit, for every task still alive, and for the threads of its default
+    executor. A workflow that swallows cancellation, or a blocking call stuck in `asyncio.to_thread`,
+    would then hang the program after its work is done. Here leftovers get `SHUTDOWN_GRACE_S`
+    seconds after being cancelled, and are then abandoned.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            leftovers = asyncio.all_tasks(loop)
+            for task in leftovers:
+                task.cancel()
+            if leftovers:
+                loop.run_until_complete(asyncio.wait(leftovers, timeout=SHUTDOWN_GRACE_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()  # shuts the default executor down without waiting for its threads

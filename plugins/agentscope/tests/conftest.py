@@ -40,6 +40,13 @@ def make_config(**sections: Any) -> Any:
     return build_config(data, {})
 
 
+def frameworks(run_dir: Any) -> FrameworkLoader:
+    """The run's agent frameworks, set up before the first episode as `rollout_session` does it."""
+    loader = FrameworkLoader(run_dir)
+    loader.get("agentscope")
+    return loader
+
+
 @dataclass
 class Rig:
     engine: ScriptedEngine
@@ -77,8 +84,7 @@ async def rig(tiny_tokenizer: Any, tmp_path: Any) -> AsyncIterator[Any]:
         gateway = Gateway(engine, tiny_tokenizer, config)
         await gateway.start()
         channel = gateway.open_episode(f"episode-{len(started)}", SamplingParams(max_tokens=256))
-        tuner = ModelTuner(channel, Task(task_id="t-1", query="What is 2 + 3?"), config,
-                           FrameworkLoader(tmp_path))
+        tuner = ModelTuner(channel, Task(task_id="t-1", query="What is 2 + 3?"), config, frameworks(tmp_path))
         rig_ = Rig(engine, gateway, channel, tuner, tiny_tokenizer)
         started.append(rig_)
         return rig_

@@ -53,7 +53,8 @@ def make_agent(model, toolkit, formatter: str = "dashscope", name: str = "solver
 async def test_react_agent_tool_episode_merges_into_one_exact_sample(rig, stream, formatter):
     from agentscope.message import Msg
 
-    rig = await rig(["I will add them.\n" + tool_call("add", '{"a": 2, "b": 3}'), ANSWER])
+    # A bare tool call: DashScope's formatter sends that turn back as `content: []` plus the call.
+    rig = await rig([tool_call("add", '{"a": 2, "b": 3}'), ANSWER])
     calls: list[tuple[int, int]] = []
     model = rig.tuner.as_agentscope_model(stream=stream)
     assert model.stream is stream

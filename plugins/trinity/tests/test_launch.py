@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import VLLM_STUB
 
 from agenttune.errors import UserError
-
-from conftest import VLLM_STUB
 
 
 def run_python(code: str, *, stub_vllm: bool = True) -> subprocess.CompletedProcess:

@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from agenttune.errors import UserError
-
 from agenttune_trinity.launch import check_and_update, load_trinity_config, write_trinity_config
 from agenttune_trinity.translation import (
     MONITOR_TYPE,
@@ -20,6 +17,8 @@ from agenttune_trinity.translation import (
     markdown_table,
     trinity_config,
 )
+
+from agenttune.errors import UserError
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -65,6 +64,7 @@ def test_generated_config_passes_trinitys_loader_and_validation(make_config, tmp
     check_and_update(cfg)  # Trinity's validators, with the cluster shape from the config (no Ray)
 
     assert (cfg.mode, cfg.project, cfg.name) == ("both", "trinity-test", "calc")
+    assert cfg.ray_namespace == "trinity-test/calc/run"  # one namespace per run directory
     assert cfg.checkpoint_job_dir == str((tmp_path / "run" / "checkpoints" / "trinity-test" / "calc").resolve())
     assert cfg.model.model_path == config.model.path
     assert (cfg.model.max_model_len, cfg.model.max_response_tokens) == (1024, 96)
@@ -106,11 +106,10 @@ def test_generated_config_passes_trinitys_loader_and_validation(make_config, tmp
 
 
 def test_trinity_resolves_the_workflow_and_monitor_by_their_dotted_paths():
-    from trinity.common.workflows import WORKFLOWS
-    from trinity.utils.monitor import MONITOR
-
     from agenttune_trinity.monitor import AgentTuneMonitor
     from agenttune_trinity.workflow import AgentTuneWorkflow
+    from trinity.common.workflows import WORKFLOWS
+    from trinity.utils.monitor import MONITOR
 
     assert WORKFLOWS.get(WORKFLOW_TYPE) is AgentTuneWorkflow
     assert WORKFLOWS.get("agenttune_workflow") is AgentTuneWorkflow
@@ -138,16 +137,17 @@ def test_validation_split_becomes_an_eval_taskset(make_config, tmp_path: Path):
 
 
 def test_trinity_section_overrides_the_table_key_by_key(make_config, tmp_path: Path):
-    config = make_config(trinity={
+    config = make_config(trainer={"n_gpus_per_node": 8}, trinity={
         "algorithm": {"algorithm_type": "grpo"},
-        "explorer": {"rollout_model": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.7}},
+        "explorer": {"rollout_model": {"engine_num": 2, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.7}},
         "buffer": {"explorer_input": {"taskset": {"format": {"system_prompt": "be brief"}}}},
     })
     cfg = loaded(config, tmp_path)
     check_and_update(cfg)
     assert cfg.algorithm.algorithm_type == "grpo" and cfg.algorithm.advantage_fn == "grpo"
     rollout_model = cfg.explorer.rollout_model
-    assert (rollout_model.tensor_parallel_size, rollout_model.gpu_memory_utilization) == (2, 0.7)
+    assert (rollout_model.engine_num, rollout_model.tensor_parallel_size) == (2, 2)
+    assert rollout_model.gpu_memory_utilization == 0.7 and cfg.cluster.trainer_gpu_num == 4
     assert rollout_model.enable_openai_api  # untouched keys of the same section stay
     [taskset] = cfg.buffer.explorer_input.tasksets
     assert taskset.format.system_prompt == "be brief" and taskset.default_workflow_type == WORKFLOW_TYPE
@@ -210,6 +210,15 @@ def test_config_show_prints_a_config_trinity_loads(make_config, tmp_path: Path, 
     assert cfg.explorer.rollout_model.engine_num == 4
     assert cfg.explorer.rollout_model.gpu_memory_utilization == 0.8
     assert cfg.buffer.explorer_input.taskset.path == "<run_dir>/trinity/tasks"
+
+
+def test_the_readme_passthrough_example_is_accepted(make_config, tmp_path: Path):
+    text = README.read_text(encoding="utf-8")
+    example = text.split("### Passing Trinity keys through", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 8}, **yaml.safe_load(example)), tmp_path)
+    check_and_update(cfg)
+    assert (cfg.explorer.rollout_model.engine_num, cfg.explorer.rollout_model.tensor_parallel_size) == (2, 2)
+    assert cfg.trainer.trainer_strategy == "fsdp" and cfg.synchronizer.sync_interval == 2
 
 
 def test_readme_shows_the_translation_table():

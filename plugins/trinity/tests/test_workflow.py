@@ -15,17 +15,20 @@ import json
 from pathlib import Path
 
 import pytest
+from agenttune_trinity.launch import (
+    check_and_update,
+    load_trinity_config,
+    write_tasksets,
+    write_trinity_config,
+)
+from agenttune_trinity.stack import close_all
+from agenttune_trinity.translation import TrinityPaths, trinity_config
+from fake_vllm import FakeVLLMServer
 
 from agenttune.components import resolve
 from agenttune.rollout_log import read_records
 from agenttune.run import prepare_run
 from agenttune.testing.loopback import serve_app
-
-from agenttune_trinity.launch import check_and_update, load_trinity_config, write_tasksets, write_trinity_config
-from agenttune_trinity.stack import close_all
-from agenttune_trinity.translation import TrinityPaths, trinity_config
-
-from fake_vllm import FakeVLLMServer
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 40, "b": 2}}\n</tool_call>'
 
@@ -187,9 +190,19 @@ async def test_a_failing_episode_does_not_fail_the_group(trinity_run, tiny_token
 
 
 def calls_of(server: FakeVLLMServer, experience) -> tuple:
-    """The two server calls whose ids make up this experience (call 2 extends call 1)."""
-    tokens = experience.tokens.tolist()
-    mine = [call for call in server.calls if tokens[:len(call.prompt_ids)] == call.prompt_ids
-            and tokens[len(call.prompt_ids):len(call.prompt_ids) + len(call.token_ids)] == call.token_ids]
+    """The two server calls whose ids and logprobs make up this experience (call 2 extends call 1).
+
+    Both episodes' first calls look alike (same prompt, same scripted tool call); the logprobs, which
+    the fake makes distinct per call, tell them apart.
+    """
+    tokens, logprobs = experience.tokens.tolist(), experience.logprobs.tolist()
+    start = experience.prompt_length
+
+    def holds(call) -> bool:
+        end = len(call.prompt_ids) + len(call.token_ids)
+        return (tokens[:len(call.prompt_ids)] == call.prompt_ids and tokens[len(call.prompt_ids):end] == call.token_ids
+                and logprobs[len(call.prompt_ids) - start:end - start] == pytest.approx(call.logprobs))
+
+    mine = [call for call in server.calls if holds(call)]
     assert len(mine) == 2, f"expected the experience to hold exactly two calls, found {len(mine)}"
     return tuple(sorted(mine, key=lambda call: len(call.prompt_ids)))

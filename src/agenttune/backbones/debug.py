@@ -8,7 +8,6 @@ runs one episode at a time). It runs the first `debug.first_n_tasks` train tasks
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, ClassVar
 
 from agenttune.backbone import Backbone
@@ -28,7 +27,9 @@ class DebugBackbone(Backbone):
     description: ClassVar[str] = "Roll out and judge the first tasks in the main process: no training, no Ray."
 
     def run(self, run: Run) -> None:
-        asyncio.run(self.roll_out(run))
+        from agenttune.session import run_until_done
+
+        run_until_done(self.roll_out(run))
 
     async def roll_out(self, run: Run) -> list[Episode]:
         from rich.console import Console
@@ -61,11 +62,12 @@ def episode_line(episode: Episode) -> str:
 def episode_table(episodes: list[Episode]) -> Table:
     from rich.table import Table
 
-    table = Table(title=f"{len(episodes)} episodes")
-    for column, justify in (("task", "left"), ("#", "right"), ("status", "left"), ("reward", "right"),
-                            ("success", "center"), ("turns", "right"), ("tokens (prompt/gen/trained)", "right"),
-                            ("seconds", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = Table(title=f"{len(episodes)} episodes", caption="tokens: prompt / generated / trained")
+    table.add_column("task", overflow="fold")
+    table.add_column("#", justify="right")
+    table.add_column("status")
+    for column in ("reward", "success", "turns", "tokens", "s"):
+        table.add_column(column, justify="right", no_wrap=True)
     for episode in episodes:
         trained = sum(sample.num_trained_tokens for sample in episode.trainable_samples)
         tokens = (f"{int(episode.metrics.get('prompt_tokens', 0))}/"

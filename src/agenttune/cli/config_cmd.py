@@ -1,4 +1,4 @@
-"""`agenttune config show` and `agenttune config schema`."""
+"""`agenttune config show`, `config schema` and `config docs`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="Show the resolved configuration or its schema.", no_args_is_help=True)
+app = typer.Typer(help="Show the resolved configuration, its JSON schema or its reference.", no_args_is_help=True)
 
 
 @app.command("show")

@@ -120,44 +120,62 @@ class HFEngine(InferenceEngine):
     # -- one batch (worker-thread side) -------------------------------------------------------------
     def _run_batch(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
-        from transformers import DynamicCache
 
         with torch.inference_mode(), _eval_mode(self.model):
-            device = self.model.device
-            width = max(len(request.prompt_ids) for request in batch)
-            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, request in enumerate(batch):
-                input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
-                attention[row, width - len(request.prompt_ids):] = 1
-            input_ids, attention = input_ids.to(device), attention.to(device)
-            positions = (attention.cumsum(-1) - 1).clamp(min=0)
-            cache = DynamicCache(config=self.model.config)
-            logits = self._forward(input_ids, attention, positions, cache)
-            next_positions = positions[:, -1:] + 1
-            active = list(batch)
-            generators = _generators(active, device)
-            while active:
-                tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
-                keep = []
-                for row, request in enumerate(active):
-                    request.token_ids.append(int(tokens[row]))
-                    request.logprobs.append(float(logprobs[row]))
-                    finish = self._finish_reason(request)
-                    if finish is not None:
-                        loop.call_soon_threadsafe(_resolve, request, finish)
-                    elif not request.future.done():  # done: the caller gave up (timeout, cancel)
-                        keep.append(row)
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, device=device)
-                    cache.batch_select_indices(index)
-                    attention, next_positions, tokens = attention[index], next_positions[index], tokens[index]
-                    active = [active[row] for row in keep]
-                attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
-                logits = self._forward(tokens[:, None], attention, next_positions, cache)
-                next_positions = next_positions + 1
+            last = self._decode(batch, loop)
+        # The last rows are answered only after the model's mode is restored: their callers may
+        # start training the shared model as soon as they hear back.
+        for request, finish in last:
+            loop.call_soon_threadsafe(_resolve, request, finish)
+
+    def _decode(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> list[tuple[_Request, FinishReason]]:
+        """Decode until every row finished; answer rows as they finish, except the last ones (returned)."""
+        import torch
+
+        device = self.model.device
+        logits, cache, attention, next_positions = self._prefill(batch, device)
+        active = list(batch)
+        generators = _generators(active, device)
+        while True:
+            tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
+            keep, finished = [], []
+            for row, request in enumerate(active):
+                request.token_ids.append(int(tokens[row]))
+                request.logprobs.append(float(logprobs[row]))
+                finish = self._finish_reason(request)
+                if finish is not None:
+                    finished.append((request, finish))
+                elif not request.future.done():  # done: the caller gave up (timeout, cancel)
+                    keep.append(row)
+            if not keep:
+                return finished
+            for request, finish in finished:
+                loop.call_soon_threadsafe(_resolve, request, finish)
+            if len(keep) < len(active):  # finished rows leave the batch and its KV cache
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attention, next_positions, tokens = attention[index], next_positions[index], tokens[index]
+                active = [active[row] for row in keep]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
+            logits = self._forward(tokens[:, None], attention, next_positions, cache)
+            next_positions = next_positions + 1
+
+    def _prefill(self, batch: list[_Request], device: Any) -> tuple[Any, Any, Any, Any]:
+        """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions)."""
+        import torch
+        from transformers import DynamicCache
+
+        width = max(len(request.prompt_ids) for request in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            attention[row, width - len(request.prompt_ids):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, attention, positions, cache)
+        return logits, cache, attention, positions[:, -1:] + 1
 
     def _forward(self, input_ids: Any, attention: Any, positions: Any, cache: Any) -> Any:
         output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,

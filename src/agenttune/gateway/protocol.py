@@ -16,6 +16,8 @@ from agenttune.gateway.errors import bad_request
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 TEXT_PART_TYPES = {"text", "input_text", "output_text"}
+_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object",
+               list: "a list", type(None): "null"}
 
 
 @dataclass
@@ -45,8 +47,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     n = body.get("n")
-    if n is not None and n != 1:
-        raise bad_request(f"n={n!r} is not supported: the gateway returns one choice per request "
+    if n is not None and (n != 1 or isinstance(n, bool)):
+        shown = f"n={n!r}" if isinstance(n, int) else "this 'n'"
+        raise bad_request(f"{shown} is not supported: the gateway returns one choice per request "
                           "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -73,7 +76,8 @@ def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise bad_request(f"'{key}' must be a {kind.__name__}, not {type(value).__name__}.", param=key)
+        raise bad_request(f"'{key}' must be {_KIND_NAMES[kind]}, not {_KIND_NAMES.get(type(value), 'that')}.",
+                          param=key)
     return value
 
 

@@ -2,6 +2,8 @@
 
 1.x agents (`ReActAgent`) take `model` and `formatter` separately and call
 `model(messages, tools=..., tool_choice=..., structured_model=...)` with already formatted dicts.
+Any 1.x formatter works: DashScope's (the seeds') collapses text parts into plain strings, which is
+what the gateway renders.
 """
 
 from __future__ import annotations
@@ -10,21 +12,15 @@ from typing import Any
 
 from agentscope.model import OpenAIChatModel
 
-from agenttune_agentscope.messages import openai_messages
-
 
 class TunedOpenAIChatModel(OpenAIChatModel):
-    """`OpenAIChatModel` whose requests go to the episode's gateway, as agent `agenttune_agent`.
+    """`OpenAIChatModel` whose requests go to the episode's gateway, filed under `agenttune_agent`.
 
-    The only behaviour it adds: messages from any 1.x formatter (the seeds use DashScope's) are put
-    in OpenAI's shape before they are sent. Everything else - streaming, tool calls, structured
-    output through `response_format` with its tool-call fallback - is AgentScope's own code.
+    Streaming, tool calls and structured output (`response_format`, with AgentScope's tool-call
+    fallback) are AgentScope's own code; only the client is agenttune's.
     """
 
     agenttune_agent: str | None = None
-
-    async def __call__(self, messages: list[dict], *args: Any, **kwargs: Any) -> Any:
-        return await super().__call__(openai_messages(messages), *args, **kwargs)
 
 
 def build_model(tuner: Any, *, agent: str | None, api_key: str, stream: bool | None, **kwargs: Any) -> Any:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from agenttune_envservice import env_for
+
 from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.tuner import ModelTuner
-from agenttune_envservice import env_for
 
 
 class GuessWorkflow(Workflow):

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
-from agenttune.http_retry import RetryPolicy
 from agenttune_envservice.client import (
     EnvServiceClient,
     EnvServiceProtocolError,
@@ -14,6 +12,8 @@ from agenttune_envservice.client import (
 )
 from agenttune_envservice.demo_server import secret_of
 from conftest import EnvServer, free_port
+
+from agenttune.http_retry import RetryPolicy
 
 FAST_RETRY = RetryPolicy(attempts=4, backoff=0.05, max_backoff=0.2)
 

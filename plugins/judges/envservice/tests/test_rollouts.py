@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import EnvServer, free_port
 
 from agenttune.config_loader import build_config
 from agenttune.episode import EpisodeStatus
 from agenttune.session import rollout_session
-from conftest import EnvServer, free_port
 
 TINY = "tiny://envservice?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
 
@@ -121,11 +121,9 @@ async def test_intermittent_5xx_do_not_fail_episodes(start_env_server: Callable[
 
 async def test_slow_responses_fail_episodes_cleanly(start_env_server: Callable[..., EnvServer]) -> None:
     server = start_env_server("--delay", "0.6")
-    config = make_config(server.url, task_reader={"timeout": 0.3})  # every environment request times out
-    config.task_reader.timeout = 10  # the task list itself may take its time  # type: ignore[attr-defined]
-    async with rollout_session(config) as session:
-        tasks = session.tasks("train", limit=2)
-        for task in tasks:  # the tasks carry the environment's request timeout
+    async with rollout_session(make_config(server.url)) as session:
+        tasks = session.tasks("train", limit=2)  # listing tasks may take its time (timeout 10 s) ...
+        for task in tasks:  # ... but every environment request of the episodes times out
             task.metadata["env_service"]["timeout"] = 0.3
         episodes = await session.rollout.run_tasks(tasks)
     assert [episode.status for episode in episodes] == [EpisodeStatus.WORKFLOW_ERROR] * 4
@@ -160,3 +158,19 @@ async def test_an_unreachable_server_is_a_user_error_when_reading_tasks() -> Non
     config = make_config(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UserError, match="Cannot list the 'train' tasks of environment 'guess'.*ConnectError"):
         await roll_out(config)
+
+
+async def test_killing_the_server_mid_episode_fails_episodes_and_the_batch_completes(
+        start_env_server: Callable[..., EnvServer]) -> None:
+    server = start_env_server("--delay", "0.2")
+    async with rollout_session(make_config(server.url)) as session:
+        batch = asyncio.ensure_future(session.rollout.run_tasks(session.tasks("train", limit=3)))
+        deadline = time.monotonic() + 30
+        while server.stats()["steps"] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        server.process.kill()  # SIGKILL, mid-episode
+        episodes = await asyncio.wait_for(batch, timeout=60)  # completes, does not hang
+    assert len(episodes) == 6
+    failed = [episode for episode in episodes if episode.status.failed]
+    assert failed
+    assert all("EnvService" in episode.error for episode in failed)

@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from agenttune_envservice.launcher import healthy
+from conftest import free_port, server_command
 
 from agenttune.cli.main import main as agenttune_main
 from agenttune.config_loader import load_config
 from agenttune.errors import UserError
 from agenttune.training import train_from_config
-from agenttune_envservice.launcher import healthy
-from conftest import free_port, server_command
 
 TINY = "tiny://envservice?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
 TESTS = Path(__file__).parent
@@ -92,7 +92,7 @@ def test_a_server_that_does_not_start_is_a_user_error(tmp_path: Path, monkeypatc
     port = free_port()
     path = write_config(tmp_path, port, env_service={
         "command": [sys.executable, "-c", "import sys; print('no appworld data here'); sys.exit(7)"]})
-    with pytest.raises(UserError, match=r"exited with code 7 before answering.*no appworld data here"):
+    with pytest.raises(UserError, match=r"(?s)exited with code 7 before answering.*no appworld data here"):
         train_from_config(load_config(path, backbone="debug"), run_dir=tmp_path / "run")
 
 

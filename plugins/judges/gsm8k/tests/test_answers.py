@@ -5,8 +5,14 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-
-from agenttune_gsm8k.answers import answer_text, boxed_contents, ground_truth, number_value, same_answer, strict_answer
+from agenttune_gsm8k.answers import (
+    answer_text,
+    boxed_contents,
+    ground_truth,
+    number_value,
+    same_answer,
+    strict_answer,
+)
 
 
 def test_boxed_contents_balance_braces_and_keep_order() -> None:

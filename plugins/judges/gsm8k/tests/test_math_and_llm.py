@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from agenttune_gsm8k.judges import MathAndLLMJudge
 
 from agenttune.config import JudgeConfig
 from agenttune.config_loader import component_options
@@ -14,7 +15,6 @@ from agenttune.judges.llm_judge import LLMJudgeError
 from agenttune.task import Task
 from agenttune.testing.judge_server import Reply, ScriptedChatServer
 from agenttune.workflow import WorkflowOutput
-from agenttune_gsm8k.judges import MathAndLLMJudge
 
 
 @pytest.fixture

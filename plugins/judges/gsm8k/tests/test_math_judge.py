@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agenttune_gsm8k.judges import GSM8KJudge, MathJudge, MathJudgeOptions, MissingGroundTruth
 
 from agenttune.config import JudgeConfig, TaskReaderConfig
 from agenttune.config_loader import component_options
@@ -14,7 +15,6 @@ from agenttune.judge import JudgeInput
 from agenttune.plugins import get_component
 from agenttune.task import Task
 from agenttune.workflow import WorkflowOutput
-from agenttune_gsm8k.judges import GSM8KJudge, MathJudge, MathJudgeOptions, MissingGroundTruth
 
 GSM8K_ROWS = [
     {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -161,3 +161,19 @@ def test_gsm8k_rows_need_no_column_settings_and_are_judged_right(tmp_path: Path,
         result = judge.judge(JudgeInput(task=task, output=WorkflowOutput(metadata={"final_answer": text})))
         assert result.success is correct, (task.task_id, result.details)
     assert len(list(reader.read("test"))) == 2
+
+
+def test_format_compliance_becomes_a_step_metric(judge: MathJudge) -> None:
+    from agenttune.episode import Episode
+    from agenttune.metrics import step_metrics
+
+    answers = [r"\boxed{72}", "#### 72", "72 clips", r"\boxed{70}"]
+    episodes = []
+    for index, answer in enumerate(answers):
+        result = judge.judge(judge_input(answer))
+        episodes.append(Episode(episode_id=str(index), task=Task(task_id="t", query="q"), group_id="g",
+                                reward=result.reward, success=result.success, judge_details=result.details))
+    metrics = step_metrics(episodes)
+    assert metrics["judge/format_ok"] == pytest.approx(0.75)  # three of four answers came marked
+    assert metrics["judge/correct"] == pytest.approx(0.75)   # 72, 72, 72 right; 70 wrong
+    assert metrics["success_rate"] == pytest.approx(0.75)

@@ -7,7 +7,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
 from agenttune_gsm8k.verifier import MathVerifier
 
 # sympy would compute this for hours: 9^(9^(9^9)).

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agenttune.backbone import Backbone
 from agenttune.errors import UserError
-
 from agenttune_trinity.translation import TrinityPaths, generated_config, trinity_config
 
 if TYPE_CHECKING:
@@ -34,7 +33,6 @@ class TrinityBackbone(Backbone):
 
     def run(self, run: Run) -> None:
         from agenttune.components import resolve
-
         from agenttune_trinity.launch import launch
 
         launch(run, resolve(run.config))
@@ -58,4 +56,9 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
             "trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
             "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
                                 "trainer.val_before_train=false."))
+    if (config.trinity.get("model") or {}).get("lora_configs"):
+        problems.append(UserError(
+            "trinity.model.lora_configs is not supported with agenttune workflows: the gateway asks Trinity's "
+            "vLLM server for the base model by name, so a LoRA adapter would be trained but never sampled from.",
+            hint="Remove trinity.model.lora_configs (full-weight training), or train LoRA with --backbone local."))
     return problems

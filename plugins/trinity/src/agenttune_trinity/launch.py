@@ -24,7 +24,6 @@ from agenttune.components import Components
 from agenttune.errors import UserError
 from agenttune.model_loading import resolve_model_path
 from agenttune.run import Run, get_logger
-
 from agenttune_trinity.taskset import write_taskset
 from agenttune_trinity.translation import TrinityPaths, total_gpus, trinity_config, validates
 
@@ -49,6 +48,9 @@ def launch(run: Run, components: Components) -> Any:
     trinity_cfg = load_trinity_config(write_trinity_config(trinity_config(config, paths), run.run_dir))
     cluster = find_cluster(trinity_cfg.cluster.ray_address)
     require_gpus(cluster, needed=total_gpus(config))
+    if 0 < total_gpus(config) < cluster.gpus:
+        log.warning("the cluster has more GPUs than the config uses", cluster_gpus=cluster.gpus,
+                    used=total_gpus(config), hint="set trainer.n_gpus_per_node and trainer.nnodes to use them")
     require_vllm()
     write_tasksets(components, config, Path(paths.tasks))
     if cluster.address is None:

@@ -21,7 +21,6 @@ from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
 from agenttune.run import Run, configure_logging
 from agenttune.session import RolloutSession
-
 from agenttune_trinity.engine import TrinityEngine
 
 

@@ -44,15 +44,17 @@ class TrinityPaths:
     tasks: str  # the taskset directory: train.jsonl and validation.jsonl (see taskset.py)
     checkpoints: str
     model: str  # the model directory (`tiny://` and the like resolved)
+    run_name: str  # the run directory's name (its time stamp), which keeps Ray namespaces apart
 
     @classmethod
     def for_run(cls, run_dir: Path, model: str) -> TrinityPaths:
         run_dir = run_dir.resolve()
-        return cls(str(run_dir), str(run_dir / "trinity" / "tasks"), str(run_dir / "checkpoints"), model)
+        return cls(str(run_dir), str(run_dir / "trinity" / "tasks"), str(run_dir / "checkpoints"), model,
+                   run_dir.name)
 
     @classmethod
     def placeholder(cls, config: AgentTuneConfig) -> TrinityPaths:
-        return cls("<run_dir>", "<run_dir>/trinity/tasks", "<run_dir>/checkpoints", config.model.path)
+        return cls("<run_dir>", "<run_dir>/trinity/tasks", "<run_dir>/checkpoints", config.model.path, "<run>")
 
     @property
     def metrics_file(self) -> str:
@@ -200,7 +202,10 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("checkpoint_root_dir", "the run directory (<run_dir>/checkpoints)", lambda c, p: p.checkpoints),
     _t("continue_from_checkpoint", "(always: a fresh run directory has none; --resume reuses one)",
        lambda c, p: True),
-    _t("ray_namespace", "project_name/experiment_name", lambda c, p: f"{c.project_name}/{c.experiment_name}"),
+    # Trinity names its Ray actors ("explorer", "trainer", ...) inside this namespace: one per run, so two
+    # runs of one experiment on a shared cluster never meet.
+    _t("ray_namespace", "project_name/experiment_name/<run directory name>",
+       lambda c, p: f"{c.project_name}/{c.experiment_name}/{p.run_name}"),
     # model
     _t("model.model_path", "model.path (tiny:// resolved to its directory)", lambda c, p: p.model),
     _t("model.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),

@@ -59,6 +59,10 @@ def forget_server_exit(base_url: str) -> None:
     _exited_servers.pop(base_url.rstrip("/"), None)
 
 
+class _ServerGone(Exception):
+    """Raised inside a send: the server is known to have exited."""
+
+
 class Created(BaseModel):
     state: list[dict[str, Any]] = Field(description="The initial messages (usually system + user).")
     info: dict[str, Any] = Field(default_factory=dict)
@@ -186,15 +190,24 @@ class EnvServiceClient:
             log.warning("envservice call failed; retrying", call=where, attempt=attempt, error=why)
 
         def send() -> Any:
+            if self.server_exited:  # no point knocking (or retrying): every episode after the crash fails at once
+                raise _ServerGone()
             extra = {} if timeout is None else {"timeout": timeout}
             return self._http.request(method, path, json=body, **extra)
 
         try:
             response, _ = await send_with_retries(send, retry or self.retry, idempotent=idempotent, on_retry=note)
+        except _ServerGone:
+            raise EnvServiceUnavailable(f"EnvService {where} at {self.base_url} was not sent{self._exit_notice()}") from None
         except httpx.TransportError as error:
             raise EnvServiceUnavailable(f"EnvService {where} at {self.base_url} failed: {type(error).__name__}: "
                                         f"{error or 'no answer'}{self._exit_notice()}") from error
         return response
+
+    @property
+    def server_exited(self) -> bool:
+        """Whether agenttune launched this server and saw it exit."""
+        return self.base_url in _exited_servers
 
     def _exit_notice(self) -> str:
         what = _exited_servers.get(self.base_url)

@@ -132,7 +132,9 @@ class Environment:
             return
         self.released = True
         try:
-            if self.created:
+            if self.created and self.client.server_exited:
+                log.info("not releasing: the server exited, and its instances with it", instance=self.instance_id)
+            elif self.created:
                 known = await self.client.release(self.instance_id, timeout=RELEASE_TIMEOUT_S, retry=RELEASE_RETRY)
                 if not known:
                     log.warning("the server did not know the instance it released", instance=self.instance_id)

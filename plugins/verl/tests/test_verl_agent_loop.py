@@ -1,0 +1,251 @@
+"""The agenttune agent loop inside verl's own agent-loop workers (the V1 trainer's and the legacy one).
+
+The workers are verl's real classes, built from the config file the launcher writes and loaded the
+way `verl.trainer.main_ppo` loads it; they register the loop from the agent-loop YAML and create it
+through hydra for every trajectory. Only the vLLM servers behind `server_manager` are faked.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agenttune.components import resolve
+from agenttune.rollout_log import RolloutLog, read_records
+from agenttune.run import prepare_run
+from agenttune_verl.agent_loop import WorkerRuntime
+from agenttune_verl.launch import CONFIG_NAME, prepare, verl_dir
+
+from conftest import FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+@pytest.fixture
+def prepared_run(agent_config, tmp_path):
+    """An agenttune run directory prepared for verl, as `agenttune train --backbone verl` prepares it."""
+
+    def build(*overrides, workflow="calculator:CalculatorWorkflow"):
+        config = agent_config(*overrides, workflow=workflow)
+        run = prepare_run(config, tmp_path / "run")
+        prepare(run, resolve(config))
+        return run
+
+    return build
+
+
+@pytest.fixture
+async def teardown_runtimes():
+    yield
+    await WorkerRuntime.close_all()
+
+
+def load_like_main_ppo(run):
+    """The config as `python -m verl.trainer.main_ppo --config-path D --config-name N` composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_dir(run)), version_base=None):
+        config = compose(config_name=CONFIG_NAME)
+    GlobalHydra.instance().clear()
+    return config
+
+
+def dataset_rows(verl_config, split_files, tokenizer):
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    dataset = RLHFDataset(data_files=split_files, tokenizer=tokenizer, config=verl_config.data)
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def tq_worker(verl_config, server, monkeypatch):
+    """verl's V1 `AgentLoopWorkerTQ`, in this process, with its TransferQueue calls captured."""
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    stored = {"puts": [], "status": []}
+
+    async def kv_batch_put(*, keys, fields, tags, partition_id):
+        stored["puts"].append({"keys": keys, "fields": fields, "tags": tags, "partition": partition_id})
+
+    async def kv_put(*, key, partition_id, tag):
+        stored["status"].append(tag["status"])
+
+    monkeypatch.setattr(agent_loop_tq.tq, "init", lambda *args, **kwargs: None)
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_put", kv_put)
+    worker_cls = next(cls for cls in agent_loop_tq.AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__
+                      if cls.__name__ == "AgentLoopWorkerTQ")  # the class under Ray's actor wrapper
+    return worker_cls(verl_config, server), stored
+
+
+def expected_merge(server, episode_calls):
+    """Prompt, response, mask and logprobs of one merged two-call sample, from what the server saw."""
+    first, second = episode_calls
+    prompt = first["prompt_ids"]
+    glue = second["prompt_ids"][len(prompt) + len(first["token_ids"]):]
+    assert second["prompt_ids"][:len(prompt) + len(first["token_ids"])] == prompt + first["token_ids"]
+    response = first["token_ids"] + glue + second["token_ids"]
+    mask = [1] * len(first["token_ids"]) + [0] * len(glue) + [1] * len(second["token_ids"])
+    logprobs = [fake_logprob(t) if m else 0.0 for t, m in zip(response, mask, strict=True)]
+    return prompt, response, mask, logprobs
+
+
+async def trajectory(step, index, validate=False):
+    """What verl's worker computes for a prompt before running its sessions."""
+    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+
+    return (await get_trajectory_info(step, [index], validate))[0]
+
+
+def calls_by_request(server):
+    grouped: dict[str, list] = {}
+    for call in server.calls:
+        grouped.setdefault(call["request_id"], []).append(call)
+    return grouped
+
+
+async def test_v1_worker_runs_the_tool_agent_and_stores_exact_tokens(prepared_run, tiny_tokenizer, monkeypatch,
+                                                                    teardown_runtimes):
+    run = prepared_run()
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, [TOOL_CALL, FINAL_ANSWER])
+    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
+
+    prompt = {**row, "uid": "uid-0", "global_steps": 3, "agent_name": row["agent_name"]}
+    await worker._run_prompt(prompt, dict(SAMPLING), trajectory=await trajectory(3, row["index"]))
+
+    assert stored["status"] == ["running", "finished"]
+    # rollout.n = num_repeat = 2 sessions, each one episode with two calls on one sticky request id
+    episodes = calls_by_request(server)
+    assert len(episodes) == 2 and all(len(calls) == 2 for calls in episodes.values())
+    assert all(call["sampling_params"]["max_tokens"] == 64 for call in server.calls)
+    keys = sorted(key for put in stored["puts"] for key in put["keys"])
+    assert keys == ["uid-0_0_0", "uid-0_1_0"]  # one merged output per session
+
+    for put in stored["puts"]:
+        fields = put["fields"][0]
+        calls = next(calls for calls in episodes.values() if calls[0]["prompt_ids"] == fields["prompts"].tolist())
+        prompt_ids, response, mask, logprobs = expected_merge(server, calls)
+        assert fields["prompts"].tolist() == prompt_ids
+        assert fields["responses"].tolist() == response
+        assert fields["response_mask"].tolist() == mask
+        assert fields["rollout_log_probs"].tolist() == pytest.approx(logprobs)
+        assert fields["rm_scores"].tolist() == [0.0] * (len(response) - 1) + [1.0]  # the judge's reward
+        assert fields["num_turns"] == 5  # system, user, assistant (tool call), tool, assistant
+        tag = put["tags"][0]
+        assert tag["status"] == "success" and tag["min_global_steps"] == tag["max_global_steps"] == 3
+        assert fields["extra_fields"]["reward_extra_info"] == {"acc": 1.0, "failed": 0.0}
+
+    decoded = tiny_tokenizer.decode(stored["puts"][0]["fields"][0]["responses"].tolist())
+    assert "<tool_response>" in decoded and "5" in decoded and FINAL_ANSWER in decoded
+
+    records = list(read_records(RolloutLog.for_run(run).path(3, "train")))
+    assert len(records) == 2 and {r.reward for r in records} == {1.0}
+    assert records[0].samples[0].response_tokens  # token text for the log viewer
+    assert records[0].metrics["truncation/response_tokens"] == 0
+
+
+async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepared_run, tiny_tokenizer, monkeypatch,
+                                                                        teardown_runtimes):
+    run = prepared_run(workflow="calculator:RewritingWorkflow")
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, ["Five, I think.", "The answer is 5."])
+    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[1]
+
+    await worker._run_prompt({**row, "uid": "u", "global_steps": 1}, dict(SAMPLING),
+                             trajectory=await trajectory(1, row["index"]))
+
+    keys = sorted(key for put in stored["puts"] for key in put["keys"])
+    assert keys == ["u_0_0", "u_0_1", "u_1_0", "u_1_1"]  # two samples per session
+    for put in stored["puts"]:
+        assert [f["rm_scores"][-1].item() for f in put["fields"]] == [1.0, 1.0]  # the reward reaches both
+        first, second = put["fields"]
+        assert first["responses"].tolist() != second["responses"].tolist()
+        assert all(set(f["response_mask"].tolist()) == {1} for f in put["fields"])  # generated tokens only
+
+
+async def test_legacy_worker_batch_with_padding_and_truncation(prepared_run, tiny_tokenizer, teardown_runtimes):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    # short limits: the merged response (two calls + the tool turn) must be cut to 24 tokens
+    run = prepared_run("data.max_response_length=24", "data.max_prompt_length=40",
+                       "verl={trainer: {use_v1: false}}")
+    verl_config = load_like_main_ppo(run)
+    assert verl_config.trainer.use_v1 is False
+    server = FakeServerManager(tiny_tokenizer, [TOOL_CALL, FINAL_ANSWER])
+    worker = AgentLoopWorker(verl_config, server)
+    rows = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[:2]
+    batch = DataProto.from_single_dict(collate_fn(rows)).repeat(repeat_times=2, interleave=True)
+    batch.meta_info = {"global_steps": 2, "validate": False}
+
+    output = await worker.generate_sequences(batch)
+
+    assert output.batch["responses"].shape == (4, 24)
+    assert output.batch["prompts"].shape == (4, 40)
+    mask = output.batch["response_mask"]
+    assert mask.sum(dim=1).min() > 0  # generated tokens survive the cut
+    assert output.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 4
+    # the legacy worker does not tell agent loops the step: its episodes are logged under step 0
+    records = list(read_records(RolloutLog.for_run(run).path(0, "train")))
+    assert len(records) == 4
+    for record in records:
+        assert record.metrics["truncation/response_tokens"] > 0
+        assert record.metrics["truncation/prompt_tokens"] > 0  # system prompt + tools exceed 40 tokens
+        assert record.metrics["truncation/samples"] == 1
+
+
+async def test_a_failing_workflow_still_answers_verl(prepared_run, tiny_tokenizer, monkeypatch, teardown_runtimes):
+    run = prepared_run(workflow="calculator:CrashingWorkflow")
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
+    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
+
+    await worker._run_prompt({**row, "uid": "f", "global_steps": 5}, dict(SAMPLING),
+                             trajectory=await trajectory(5, row["index"]))
+
+    assert stored["status"] == ["running", "finished"]  # the group completes
+    assert server.calls == []
+    for put in stored["puts"]:
+        fields = put["fields"][0]
+        assert fields["response_mask"].tolist() == [0]  # nothing is trained
+        assert fields["rm_scores"].tolist() == [0.0]  # but the reward counts in the group's baseline
+        assert fields["extra_fields"]["agenttune_status"] == "workflow_error"
+        assert put["tags"][0]["min_global_steps"] == 5
+    records = list(read_records(RolloutLog.for_run(run).path(5, "train")))
+    assert [r.status.value for r in records] == ["workflow_error", "workflow_error"]
+    assert "the environment is down" in records[0].error
+
+
+async def test_validation_rows_use_verls_sampling_and_log_as_validation(prepared_run, tiny_tokenizer, monkeypatch,
+                                                                        teardown_runtimes):
+    run = prepared_run()
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
+    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    row = dataset_rows(verl_config, verl_config.data.val_files, worker.tokenizer)[0]
+    greedy = {**SAMPLING, "temperature": 0.0}
+
+    await worker._run_prompt({**row, "uid": "v", "global_steps": 0}, greedy,
+                             trajectory=await trajectory(0, row["index"], validate=True))
+
+    assert len(server.calls) == 1  # val_kwargs.n = 1
+    assert server.calls[0]["sampling_params"]["temperature"] == 0.0
+    records = list(read_records(RolloutLog.for_run(run).path(0, "validation")))
+    assert len(records) == 1 and records[0].reward == 1.0
+
+
+def test_agent_loop_yaml_names_the_run(prepared_run):
+    import yaml
+
+    run = prepared_run()
+    [entry] = yaml.safe_load((verl_dir(run) / "agent_loops.yaml").read_text())
+    assert entry["_target_"] == "agenttune_verl.agent_loop.AgentTuneAgentLoop"
+    assert entry["agenttune_config"] == str(run.run_dir.resolve() / "config.yaml")
+    assert json.loads(json.dumps(entry))["source_dir"].endswith("tests/agents")

@@ -1,0 +1,111 @@
+"""Launching: files in the run directory, verl's own entry point reading them, the GPU check, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from agenttune.components import resolve
+from agenttune.episode import Episode, EpisodeStatus, Sample
+from agenttune.metrics import MetricsLog
+from agenttune.rollout_log import RolloutLog
+from agenttune.run import prepare_run
+from agenttune.task import Task
+from agenttune_verl.launch import CONFIG_NAME, prepare, trainer_command, verl_dir
+from agenttune_verl.metrics_bridge import MetricsFollower
+from agenttune_verl.rollout_files import LockedRolloutLog
+
+from test_verl_agent_loop import load_like_main_ppo
+
+
+def test_verls_entry_point_accepts_the_written_config(agent_config, tmp_path):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config = agent_config()
+    run = prepare_run(config, tmp_path / "run")
+    prepare(run, resolve(config))
+    for name in ("train.parquet", "validation.parquet", "agent_loops.yaml", f"{CONFIG_NAME}.yaml"):
+        assert (verl_dir(run) / name).is_file(), name
+
+    loaded = load_like_main_ppo(run)
+    validate_config(loaded, use_reference_policy=need_reference_policy(loaded), use_critic=need_critic(loaded))
+    env_vars = loaded.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.VERL_FILE_LOGGER_PATH == str(verl_dir(run) / "metrics.jsonl")
+
+    # verl's real entry point parses the file (Hydra's --cfg prints the composed job config and exits)
+    result = subprocess.run([*trainer_command(run), "--cfg", "job"], capture_output=True, text=True,
+                            cwd=run.run_dir, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = result.stdout
+    assert "adv_estimator: grpo" in printed
+    assert f"agent_loop_config_path: {verl_dir(run) / 'agent_loops.yaml'}" in printed
+
+
+def test_train_on_a_machine_without_gpus_stops_at_the_gpu_check(agent_config, tmp_path):
+    config = agent_config()
+    conf = tmp_path / "train.yaml"
+    conf.write_text(json.dumps({**config.model_dump(mode="json"), "workflow": "calculator:CalculatorWorkflow"}))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(config.source_dir), os.environ.get("PYTHONPATH", "")]),
+           "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run([sys.executable, "-m", "agenttune", "train", "--conf", str(conf), "--backbone", "verl",
+                             "--run-dir", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
+
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "The verl backbone needs GPUs: the config asks for 1" in result.stderr
+    assert "the Ray cluster started on this machine has 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    # everything before the GPUs is done: the datasets and verl's config are in the run directory
+    assert (run_dir / "verl" / "train.parquet").is_file()
+    assert (run_dir / "verl" / f"{CONFIG_NAME}.yaml").is_file()
+
+
+def episode(step_reward: float, *, truncated: float = 0.0, group: str = "g") -> Episode:
+    sample = Sample(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 0], logprobs=[-0.5, 0.0])
+    return Episode(episode_id=f"{group}-{step_reward}", task=Task(task_id="t"), group_id=group,
+                   reward=step_reward, success=step_reward > 0, samples=[sample],
+                   metrics={"calls": 1.0, "truncation/response_tokens": truncated})
+
+
+def test_metrics_bridge_joins_verls_metrics_and_the_steps_episodes(tmp_path, tiny_tokenizer):
+    rollout_log = LockedRolloutLog(tmp_path / "rollouts")
+    rollout_log.write(1, "train", [episode(1.0, truncated=3), episode(0.0)], tiny_tokenizer)
+    rollout_log.write(1, "validation", [episode(1.0, group="v")], tiny_tokenizer)
+    verl_metrics = tmp_path / "verl" / "metrics.jsonl"
+    verl_metrics.parent.mkdir()
+    metrics_log = MetricsLog(tmp_path / "metrics.jsonl")
+
+    with MetricsFollower(verl_metrics, RolloutLog(tmp_path / "rollouts"), metrics_log, poll_s=0.05) as follower:
+        with verl_metrics.open("a") as file:
+            file.write(json.dumps({"step": 1, "data": {"actor/pg_loss": 0.25, "critic/score/mean": 0.5,
+                                                        "timing_s/gen": 3.0, "note": "text"}}) + "\n")
+            file.write('{"step": 2, "data"')  # a line verl is still writing waits
+        follower.poll()
+        assert [record["step"] for record in metrics_log.read()] == [1]
+
+    [step] = metrics_log.read()
+    assert step["verl/actor/pg_loss"] == 0.25 and "verl/note" not in step
+    assert step["reward/mean"] == 0.5 and step["success_rate"] == 0.5
+    assert step["truncation/response_tokens"] == 3.0
+    assert step["val/reward/mean"] == 1.0
+
+
+def test_rollout_log_appends_from_many_writers_stay_whole(tmp_path, tiny_tokenizer):
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        list(pool.map(_write_many, [str(tmp_path)] * 4))
+    lines = (tmp_path / "rollouts" / "step_000001_train.jsonl").read_text().splitlines()
+    assert len(lines) == 4 * 25
+    assert all(json.loads(line)["status"] == EpisodeStatus.OK.value for line in lines)
+
+
+def _write_many(directory: str) -> None:
+    from agenttune.testing import tiny_tokenizer
+
+    log = LockedRolloutLog(os.path.join(directory, "rollouts"))
+    for index in range(25):
+        log.write(1, "train", [episode(float(index))], tiny_tokenizer())

@@ -1,0 +1,65 @@
+"""`local`: GRPO training on this machine (CPU, or one GPU) with no Ray.
+
+This module only declares the backbone; torch, transformers and peft are imported when it runs,
+so listing plugins stays fast. The pieces:
+
+    loop.py         roll out -> GRPO step -> validate -> checkpoint, with progress and metrics
+    trainer.py      one GRPO step (advantages, clipped loss, KL, micro-batches, AdamW)
+    advantages.py   group-normalised advantages      loss.py      the objective
+    batching.py     samples -> micro-batches         logprobs.py  per-token log-probs
+    policy.py       model loading, LoRA, reference   warmup.py    supervised warm-up
+    checkpoint.py   save / resume                    export.py    standalone HF model
+    task_order.py   seeded epochs                    monitor.py   TensorBoard, W&B, SwanLab
+    progress.py     the progress bar                 report.py    curves PNG + summary table
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from agenttune.backbone import Backbone
+from agenttune.errors import UserError
+
+if TYPE_CHECKING:
+    from agenttune.config import AgentTuneConfig
+    from agenttune.run import Run
+
+REQUIRED = {"torch": "torch", "transformers": "transformers", "matplotlib": "matplotlib"}
+SUPPORTED_ENGINES = ("hf",)
+
+
+class LocalBackbone(Backbone):
+    name: ClassVar[str] = "local"
+    description: ClassVar[str] = "GRPO on this machine (CPU or one GPU), no Ray; the engine shares the trained weights."
+
+    @classmethod
+    def check(cls, config: AgentTuneConfig) -> None:
+        missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
+        if config.local.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+            missing.append("peft")
+        if config.monitor.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            missing.append("tensorboard")
+        if missing:
+            raise UserError(f"The local backbone needs {', '.join(missing)}, which is not installed.",
+                            hint="Install agenttune's `local` extra: pip install 'agenttune[local]' "
+                                 "(on CPU-only machines first: pip install torch==2.13.0).")
+        if config.engine.type not in SUPPORTED_ENGINES:
+            raise UserError(f"engine.type {config.engine.type!r} cannot serve the local backbone's rollouts.",
+                            hint="The local backbone samples from the model it trains: use engine.type: hf.")
+        if not config.model.path:
+            raise UserError("model.path is not set.",
+                            hint="Set model.path to a model directory, a Hugging Face model id, or tiny://default.")
+        warmup = config.local.warmup.data
+        if warmup and not Path(warmup).is_file():
+            raise UserError(f"local.warmup.data: {warmup!r} does not exist.",
+                            hint="Point it at a JSONL file of demonstration conversations, or remove the key.")
+        from agenttune.backbones.local.monitor import check_trackers
+
+        check_trackers(config)
+
+    def run(self, run: Run) -> None:
+        from agenttune.backbones.local.loop import train
+
+        train(run)

@@ -1,0 +1,255 @@
+"""The local training loop: roll out a batch, take a GRPO step, validate, checkpoint, repeat.
+
+Rollouts and training share one model object: the `hf` engine samples from the very weights the
+trainer updates, so nothing is copied between steps.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agenttune.backbones.local import checkpoint as checkpoints
+from agenttune.backbones.local.monitor import Trackers
+from agenttune.backbones.local.policy import count_parameters, load_policy, reference_scope, resolve_device
+from agenttune.backbones.local.progress import TrainingProgress
+from agenttune.backbones.local.report import PLOT_NAME, plot_curves, summary_table
+from agenttune.backbones.local.task_order import TaskOrder
+from agenttune.backbones.local.trainer import GRPOTrainer
+from agenttune.errors import UserError
+from agenttune.metrics import MetricsLog
+from agenttune.model_loading import load_tokenizer, resolve_model_path
+from agenttune.rollout import sampling_params
+from agenttune.run import Run, get_logger
+from agenttune.task import Task
+
+log = get_logger("local")
+
+
+@dataclass
+class Setup:
+    """Everything built before the first rollout."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    trainer: GRPOTrainer
+    order: TaskOrder
+    validation: list[Task]
+    total_steps: int
+    start_step: int
+    components: Any
+
+
+def train(run: Run) -> None:
+    from agenttune.session import run_until_done
+
+    setup = prepare(run)
+    run_until_done(training_loop(run, setup))
+
+
+# -- setup ------------------------------------------------------------------------------------------
+def prepare(run: Run) -> Setup:
+    from agenttune.components import resolve
+
+    config = run.config
+    _seed_everything(config.trainer.seed)
+    components = resolve(config)
+    reader = components.task_reader()
+    train_tasks = _read(reader, config.task_reader.train_split)
+    validation = _read(reader, config.task_reader.validation_split) if config.task_reader.validation_split else []
+    if config.data.val_batch_size:
+        validation = validation[: config.data.val_batch_size]
+    order = TaskOrder(train_tasks, config.data.train_batch_size, config.trainer.seed, shuffle=config.data.shuffle)
+    total_steps = config.trainer.total_steps or config.trainer.total_epochs * order.batches_per_epoch
+
+    resume_from = _resume_checkpoint(run)
+    device = resolve_device(config.local.device)
+    tokenizer = load_tokenizer(config.model)
+    model = load_policy(config, device, checkpoint=resume_from / "model" if resume_from else None)
+    trainable, total = count_parameters(model)
+    log.info("policy loaded", device=str(device), dtype=str(next(model.parameters()).dtype),
+             trainable_parameters=trainable, parameters=total, lora=config.local.lora_rank > 0)
+    if resume_from is None and config.local.warmup.data:
+        _warm_up(run, model, tokenizer)
+    trainer = GRPOTrainer(model, config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
+                          reference=reference_scope(config, model, device))
+    start_step = 0
+    if resume_from is not None:
+        state = checkpoints.read_state(resume_from)
+        trainer.load_state_dict(checkpoints.load_trainer_state(resume_from))
+        order.load_state_dict(state.task_order)
+        checkpoints.restore_rng(resume_from)
+        start_step = state.step
+        _forget_steps_after(run, start_step)
+        log.info("resumed", checkpoint=str(resume_from), step=start_step)
+    return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components)
+
+
+def _read(reader: Any, split: str) -> list[Task]:
+    tasks = list(reader.read(split))
+    if not tasks:
+        raise UserError(f"The task reader found no tasks in split {split!r}.",
+                        hint="Check task_reader's settings and the split names.")
+    return tasks
+
+
+def _resume_checkpoint(run: Run) -> Path | None:
+    if not run.resume:
+        return None
+    found = checkpoints.latest_checkpoint(run.checkpoints_dir)
+    if found is None:
+        raise UserError(f"--resume: there is no checkpoint in {str(run.checkpoints_dir)!r}.",
+                        hint="Start without --resume, or pass the --run-dir of a run that saved checkpoints "
+                             "(trainer.save_freq).")
+    return found
+
+
+def _forget_steps_after(run: Run, step: int) -> None:
+    """Drop metrics of steps after the checkpoint: they are about to be trained again."""
+    metrics = MetricsLog(run.metrics_path)
+    kept = [record for record in metrics.read() if record.get("step", 0) <= step]
+    run.metrics_path.write_text("".join(_json_line(record) for record in kept), encoding="utf-8")
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(record) + "\n"
+
+
+def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any) -> None:
+    from agenttune.backbones.local.warmup import demonstration_item, read_conversations, supervised_warmup
+
+    config = run.config
+    warmup = config.local.warmup
+    items = [demonstration_item(tokenizer, row["messages"], row.get("tools"))
+             for row in read_conversations(warmup.data)]
+    log.info("supervised warm-up", demonstrations=len(items), steps=warmup.steps)
+    started = time.perf_counter()
+    with TrainingProgress(warmup.steps, label="warm-up") as progress:
+        metrics = supervised_warmup(
+            model, items, steps=warmup.steps, batch_size=warmup.batch_size, learning_rate=warmup.learning_rate,
+            micro_batch_tokens=config.local.micro_batch_tokens, pad_token_id=_pad_id(tokenizer),
+            seed=config.trainer.seed,
+            on_step=lambda step, m: progress.warmup_step(step, m),
+        )
+    log.info("warm-up done", seconds=round(time.perf_counter() - started, 1), **metrics)
+
+
+def _pad_id(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad) if pad is not None else 0
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+# -- the loop ---------------------------------------------------------------------------------------
+async def training_loop(run: Run, setup: Setup) -> None:
+    from agenttune.engines import build_engine
+    from agenttune.session import rollout_session
+
+    config = run.config
+    engine = build_engine(config, setup.tokenizer, model=setup.model)
+    trackers = Trackers(run)
+    metrics_log = MetricsLog(run.metrics_path)
+    try:
+        async with rollout_session(config, run=run, components=setup.components, engine=engine,
+                                   tokenizer=setup.tokenizer) as session:
+            with TrainingProgress(setup.total_steps, start_step=setup.start_step) as progress:
+                if config.trainer.val_before_train and setup.start_step == 0 and setup.validation:
+                    metrics = await _validate(session, setup, progress, step=0)
+                    _write(metrics_log, trackers, 0, {"epoch": 0, **metrics})
+                for step in range(setup.start_step + 1, setup.total_steps + 1):
+                    metrics = await _train_step(session, setup, progress, step)
+                    if config.trainer.test_freq and setup.validation and (
+                            step % config.trainer.test_freq == 0 or step == setup.total_steps):
+                        metrics.update(await _validate(session, setup, progress, step=step))
+                    _write(metrics_log, trackers, step, metrics)
+                    progress.step_done(step, setup.order.epoch, metrics)
+                    if step == setup.total_steps or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
+                        progress.phase("saving")
+                        _save(run, setup, step)
+    finally:
+        await engine.aclose()
+        trackers.close()
+    _finish(run)
+
+
+async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:
+    started = time.perf_counter()
+    tasks = setup.order.next_batch()
+    progress.phase(f"rollout: {len(tasks)} tasks x {session.config.rollout.num_repeat}")
+    episodes = await session.rollout.run_tasks(tasks)
+    rollout_s = time.perf_counter() - started
+    metrics = session.record(step, "train", episodes)
+    progress.phase("training")
+    metrics.update(setup.trainer.step(episodes))
+    elapsed = time.perf_counter() - started
+    generated = metrics.get("tokens/generated_total", 0.0)
+    metrics.update({
+        "epoch": float(setup.order.epoch),
+        "perf/rollout_time_s": rollout_s,
+        "perf/step_time_s": elapsed,
+        "perf/rollout_tokens_per_s": generated / rollout_s if rollout_s else 0.0,
+        "perf/tokens_per_s": (generated + metrics.get("train/tokens", 0.0)) / elapsed if elapsed else 0.0,
+    })
+    return metrics
+
+
+async def _validate(session: Any, setup: Setup, progress: TrainingProgress, *, step: int) -> dict[str, float]:
+    from agenttune.session import VALIDATION
+
+    progress.phase(f"validation: {len(setup.validation)} tasks")
+    started = time.perf_counter()
+    episodes = await session.rollout.run_tasks(
+        setup.validation, num_repeat=1, sampling=sampling_params(session.config.rollout, validation=True))
+    metrics = session.record(step, VALIDATION, episodes)
+    metrics["perf/validation_time_s"] = time.perf_counter() - started
+    progress.validation_done(metrics)
+    log.info("validation", step=step, accuracy=round(metrics.get("val/success_rate", 0.0), 4),
+             reward=round(metrics.get("val/reward/mean", 0.0), 4))
+    return metrics
+
+
+def _write(metrics_log: MetricsLog, trackers: Trackers, step: int, metrics: dict[str, float]) -> None:
+    metrics_log.write(step, metrics)
+    trackers.log(step, metrics)
+
+
+def _save(run: Run, setup: Setup, step: int) -> None:
+    config = run.config
+    state = checkpoints.CheckpointState(
+        step=step, task_order=setup.order.state_dict(), base_model=resolve_model_path(config.model.path),
+        lora=config.local.lora_rank > 0,
+    )
+    path = checkpoints.save_checkpoint(run.checkpoints_dir, state, model=setup.model, tokenizer=setup.tokenizer,
+                                       trainer_state=setup.trainer.state_dict(), keep=config.local.keep_checkpoints)
+    log.info("checkpoint saved", path=str(path))
+
+
+def _finish(run: Run) -> None:
+    from rich.console import Console
+
+    records = MetricsLog(run.metrics_path).read()
+    if not records:
+        return
+    console = Console()
+    console.print(summary_table(records))
+    if run.config.local.plot:
+        path = plot_curves(records, run.run_dir / PLOT_NAME, title=f"{run.config.experiment_name} ({run.run_dir.name})")
+        if path is not None:
+            console.print(f"training curves: {path}")

@@ -1,0 +1,162 @@
+"""The `hf` engine on the tiny model: exact sampling, batching of concurrent requests, sharing weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from agenttune.engine import SamplingParams
+from agenttune.engines import build_engine
+from agenttune.engines.hf import HFEngine
+from agenttune.testing.gateways import running_gateway, tiny_config
+
+
+@pytest.fixture
+def prompts(tiny_tokenizer):
+    texts = ["Hello", "What is the weather like today in Paris?", "1 2 3", "Natalia sold clips to 48 friends."]
+    return [tiny_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                               tokenize=False) for text in texts]
+
+
+def ids(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+async def test_greedy_matches_transformers_generate_alone_and_in_a_padded_batch(tiny_model, tiny_tokenizer, prompts):
+    import torch
+
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    batched = await asyncio.gather(*[engine.generate(ids(tiny_tokenizer, p), greedy) for p in prompts])
+    assert engine.batch_sizes == [len(prompts)]  # one left-padded batch of different lengths
+    for prompt, generation in zip(prompts, batched, strict=True):
+        prompt_ids = ids(tiny_tokenizer, prompt)
+        reference = tiny_model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)[0, len(prompt_ids):].tolist()
+        assert generation.token_ids == reference[: len(generation.token_ids)]
+        logits = tiny_model(torch.tensor([prompt_ids + generation.token_ids])).logits[0].float()
+        expected = torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1].gather(
+            1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
+    await engine.aclose()
+
+
+async def test_sampled_logprobs_are_temperature_scaled(tiny_model, tiny_tokenizer, prompts):
+    import torch
+
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    generation = await engine.generate(prompt_ids, SamplingParams(temperature=0.7, max_tokens=8, seed=3))
+    logits = tiny_model(torch.tensor([prompt_ids + generation.token_ids])).logits[0].float() / 0.7
+    expected = torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1].gather(
+        1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
+    await engine.aclose()
+
+
+async def test_seeds_reproduce_and_top_k_1_is_greedy(tiny_model, tiny_tokenizer, prompts):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt_ids = ids(tiny_tokenizer, prompts[1])
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=11)
+    first, second, other = await asyncio.gather(engine.generate(prompt_ids, seeded),
+                                                engine.generate(prompt_ids, seeded),
+                                                engine.generate(prompt_ids, SamplingParams(max_tokens=16, seed=12)))
+    assert first.token_ids == second.token_ids != other.token_ids
+    top1, greedy = await asyncio.gather(
+        engine.generate(prompt_ids, SamplingParams(temperature=1.0, top_k=1, max_tokens=10)),
+        engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=10)))
+    assert top1.token_ids == greedy.token_ids
+    nucleus = await engine.generate(prompt_ids, SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=10))
+    assert nucleus.token_ids == greedy.token_ids
+    await engine.aclose()
+
+
+async def test_stop_conditions(tiny_model, tiny_tokenizer, prompts):
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_model_len=60)
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    greedy = await engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=30))
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 30
+    stop_id = greedy.token_ids[4]
+    first_at = greedy.token_ids.index(stop_id)
+    by_id = await engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=(stop_id,)))
+    assert by_id.finish_reason == "stop" and by_id.token_ids == greedy.token_ids[: first_at + 1]
+    stop_text = tiny_tokenizer.decode(greedy.token_ids[6:8])
+    by_text = await engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=30, stop=(stop_text,)))
+    assert by_text.finish_reason == "stop" and stop_text in tiny_tokenizer.decode(by_text.token_ids)
+    assert len(by_text.token_ids) <= 8
+    long_prompt = (prompt_ids * 10)[:55]
+    capped = await engine.generate(long_prompt, SamplingParams(temperature=0, max_tokens=30))
+    assert capped.finish_reason == "length" and len(long_prompt) + len(capped.token_ids) == 60
+    await engine.aclose()
+
+
+async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, tiny_tokenizer, prompts):
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=16)
+    sampling = SamplingParams(temperature=1.0, max_tokens=24)
+    prompt_ids = ids(tiny_tokenizer, prompts[2])
+    first = [asyncio.create_task(engine.generate(prompt_ids, sampling)) for _ in range(10)]
+    await asyncio.sleep(0.05)  # the first batch is running now
+    later = [asyncio.create_task(engine.generate(prompt_ids, sampling)) for _ in range(30)]
+    results = await asyncio.gather(*first, *later)
+    assert all(len(result.token_ids) >= 1 for result in results)
+    assert engine.batch_sizes[0] == 10 and sorted(engine.batch_sizes[1:], reverse=True) == [16, 14]
+    await engine.aclose()
+
+
+async def test_the_engine_shares_the_model_object(tiny_model, tiny_tokenizer, prompts):
+    """The local trainer updates the same weights in place; the next generation sees them."""
+    import torch
+
+    engine = build_engine(tiny_config(), tiny_tokenizer, model=tiny_model)
+    assert engine.model is tiny_model
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    before = await engine.generate(prompt_ids, greedy)
+    assert before.token_ids[0] != 0
+    with torch.no_grad():
+        tiny_model.model.norm.weight.zero_()  # every logit becomes 0: greedy picks token 0
+    tiny_model.train()
+    after = await engine.generate(prompt_ids, greedy)
+    assert after.token_ids == [0] and after.finish_reason == "stop"  # token 0 is <|endoftext|>, a stop token
+    assert tiny_model.training  # left as the trainer had it
+    await engine.aclose()
+
+
+async def test_cancelled_requests_leave_the_batch(tiny_model, tiny_tokenizer, prompts):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    doomed = asyncio.create_task(engine.generate(prompt_ids, SamplingParams(max_tokens=5000)))
+    kept = asyncio.create_task(engine.generate(prompt_ids, SamplingParams(max_tokens=20)))
+    await asyncio.sleep(0.05)
+    doomed.cancel()
+    assert len((await kept).token_ids) <= 20
+    follow_up = await asyncio.wait_for(engine.generate(prompt_ids, SamplingParams(max_tokens=4)), timeout=30)
+    assert len(follow_up.token_ids) <= 4
+    await engine.aclose()
+
+
+async def test_hf_engine_behind_the_gateway_batches_concurrent_episodes(tiny_model, tiny_tokenizer):
+    config = tiny_config(rollout={"max_response_length_in_one_turn": 16})
+    engine = build_engine(config, tiny_tokenizer, model=tiny_model)
+    async with running_gateway(engine, config=config) as gateway:
+        async def episode(index: int):
+            channel = gateway.open_episode(f"e{index}")
+            client = openai.AsyncOpenAI(base_url="http://in-process/v1", api_key=channel.api_key(), max_retries=0,
+                                        http_client=httpx.AsyncClient(transport=channel.async_transport()))
+            messages = [{"role": "user", "content": f"Question {index}"}]
+            for _ in range(2):
+                reply = await client.chat.completions.create(model="m", messages=messages)
+                messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": "Go on"}]
+            return channel
+
+        channels = await asyncio.gather(*[episode(i) for i in range(24)])
+    assert max(engine.batch_sizes) > 8  # concurrent episodes shared forward passes
+    for channel in channels:
+        [sample] = channel.samples()
+        assert sample.num_calls == 2
+        assert sum(sample.loss_mask) == channel.metrics()["generated_tokens"]
+    await engine.aclose()
