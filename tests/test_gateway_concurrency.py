@@ -30,10 +30,11 @@ def responder(tokenizer):
     return reply
 
 
-async def run_episode(gateway, index: int, *, http: bool):
+async def run_episode(gateway, index: int, *, http: httpx.AsyncClient | None):
     channel = gateway.open_episode(f"e{index}")
-    if http:
-        client = openai.AsyncOpenAI(base_url=channel.base_url, api_key=channel.api_key(), max_retries=0)
+    if http is not None:  # over the loopback socket (one shared connection pool, as a real agent host would)
+        client = openai.AsyncOpenAI(base_url=channel.base_url, api_key=channel.api_key(), max_retries=0,
+                                    http_client=http)
     else:
         client = openai.AsyncOpenAI(base_url="http://in-process/v1", api_key=channel.api_key(), max_retries=0,
                                     http_client=httpx.AsyncClient(transport=channel.async_transport()))
@@ -45,15 +46,16 @@ async def run_episode(gateway, index: int, *, http: bool):
         for call in message.tool_calls or []:
             result = json.loads(call.function.arguments)["n"]
             messages.append({"role": "tool", "tool_call_id": call.id, "content": f"result {result}"})
-    await client.close()
+    if http is None:
+        await client.close()
     return channel, messages
 
 
 async def test_many_concurrent_episodes_keep_exact_separate_timelines():
     tokenizer = tiny_tokenizer()
     engine = ScriptedEngine(responder=responder(tokenizer), tokenizer=tokenizer)
-    async with running_gateway(engine) as gateway:
-        results = await asyncio.gather(*[run_episode(gateway, index, http=index % 4 == 0)
+    async with running_gateway(engine) as gateway, httpx.AsyncClient() as http:
+        results = await asyncio.gather(*[run_episode(gateway, index, http=http if index % 4 == 0 else None)
                                          for index in range(EPISODES)])
         for channel, _ in results:
             gateway.close_episode(channel)

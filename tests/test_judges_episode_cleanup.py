@@ -3,6 +3,7 @@ workflow raised or timed out — so a judge can still use what the workflow open
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,22 +52,21 @@ class UsesResource(Judge):
         return JudgeResult(reward=1.0, success=True)
 
 
-class OneTask:
-    def __init__(self, mode: str):
-        self.mode = mode
-
-
 @pytest.mark.parametrize(("mode", "status", "judged"), [
     ("ok", EpisodeStatus.OK, True),
     ("raise", EpisodeStatus.WORKFLOW_ERROR, False),
     ("hang", EpisodeStatus.TIMEOUT, False),
 ])
-async def test_cleanups_run_after_the_judge_and_after_failures(mode: str, status: EpisodeStatus, judged: bool) -> None:
+async def test_cleanups_run_after_the_judge_and_after_failures(mode: str, status: EpisodeStatus, judged: bool,
+                                                                tmp_path: Path) -> None:
     EVENTS.clear()
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text('{"query": "q"}\n')
     config = build_config({
         "workflow": "test_judges_episode_cleanup:OpensResource",
         "judge": {"type": "custom", "judge_protocol": "test_judges_episode_cleanup:UsesResource"},
         "backbone": "debug",
+        "task_reader": {"type": "file", "path": str(tasks_file)},  # unused: the test hands the task over
         "model": {"path": TINY},
         "engine": {"type": "scripted", "replies": ["unused"]},
         "rollout": {"num_repeat": 1, "episode_timeout": 1.0},

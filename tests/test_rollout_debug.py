@@ -35,13 +35,6 @@ def runs_of(mask: list[int], ids: list[int]) -> list[tuple[int, list[int]]]:
     return runs
 
 
-@pytest.fixture(autouse=True)
-def _debug_registered(register_plugin):  # TEMPORARY until builtins import LocalBackbone
-    from agenttune.backbones.debug import DebugBackbone
-
-    register_plugin(backbones=[DebugBackbone])
-
-
 @pytest.fixture
 def example_config(write_yaml, tmp_path, monkeypatch):
     """The example's config, pointed at the scripted engine (tool call, then the answer)."""

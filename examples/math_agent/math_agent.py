@@ -13,10 +13,10 @@ from agentscope.formatter import DashScopeChatFormatter
 from agentscope.memory import InMemoryMemory
 from agentscope.message import Msg
 from agentscope.tool import Toolkit
+from agenttune_agentscope.tools import execute_python_code
 
 from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.tuner import ModelTuner
-from agenttune_agentscope.tools import execute_python_code
 
 SYSTEM_PROMPT = """\
 You are an agent specialized in solving math problems with tools.

@@ -10,10 +10,10 @@ from __future__ import annotations
 from agentscope.agent import Agent, ReActConfig
 from agentscope.message import UserMsg
 from agentscope.tool import Toolkit
+from agenttune_agentscope.tools import python_tool
 
 from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.tuner import ModelTuner
-from agenttune_agentscope.tools import python_tool
 
 SYSTEM_PROMPT = """\
 You are an agent specialized in solving math problems with tools.

@@ -12,6 +12,8 @@ import random
 import re
 from typing import Any
 
+from agenttune import Judge, JudgeInput, JudgeResult
+
 SYSTEM_PROMPT = "Solve the arithmetic problem. You may use the calculator."
 
 CALCULATOR_TOOL = {
@@ -102,3 +104,18 @@ def demonstration(row: dict[str, Any], *, use_tool: bool) -> dict[str, Any]:
         ]
     messages.append({"role": "assistant", "content": final_answer_text(row["ground_truth"])})
     return {"messages": messages, "tools": [CALCULATOR_TOOL]}
+
+
+class ArithmeticJudge(Judge):
+    """Reward 1 when the agent's final answer equals the true value of the expression, else 0."""
+
+    name = "arithmetic"
+
+    def judge(self, judge_input: JudgeInput) -> JudgeResult:
+        answer = judge_input.final_answer
+        if answer is None:
+            answer = parse_final_answer(judge_input.last_assistant_text)
+        expected = int(judge_input.task.ground_truth)
+        correct = answer is not None and int(answer) == expected
+        return JudgeResult(reward=1.0 if correct else 0.0, success=correct,
+                           details={"answer": answer, "expected": expected})

@@ -78,10 +78,7 @@ through to those engines.
 def generate() -> str:
     """The full text of docs/config.md."""
     parts = [INTRO, "## Reference\n", _fields_table(AgentTuneConfig, "")]
-    for name, field in AgentTuneConfig.model_fields.items():
-        if _model_of(field.annotation) is not None:
-            parts.append(f"### `{name}`\n\n{field.description or ''}\n".replace("\n\n\n", "\n\n"))
-            parts.append(_fields_table(_model_of(field.annotation), name))
+    parts += _sections(AgentTuneConfig, "")
     parts.append("## Component options\n\nKeys a component takes in its section, next to `type`.\n")
     for section, reference in COMPONENTS:
         component = load_reference(reference)
@@ -91,12 +88,26 @@ def generate() -> str:
     return "\n".join(parts)
 
 
+def _sections(model: type[BaseModel], prefix: str) -> list[str]:
+    """A heading and a table for every section (a field whose type is a model), depth first."""
+    parts = []
+    for name, field in model.model_fields.items():
+        section = _model_of(field.annotation)
+        if section is None:
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        parts.append(f"### `{key}`\n\n{field.description or ''}\n".replace("\n\n\n", "\n\n"))
+        parts.append(_fields_table(section, key))
+        parts += _sections(section, key)
+    return parts
+
+
 def _fields_table(model: type[BaseModel], prefix: str) -> str:
     rows = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
     own = model.__dict__.get("__annotations__", {})
     fields = sorted(model.model_fields.items(), key=lambda item: item[0] not in own)  # own fields first
     for name, field in fields:
-        if _model_of(field.annotation) is not None and not prefix:
+        if _model_of(field.annotation) is not None:
             default = "(section below)"
         else:
             default = _default(field)

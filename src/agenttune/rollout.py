@@ -117,16 +117,17 @@ class RolloutEngine:
         episode = Episode(episode_id=f"{group_id}-{repeat_index}", task=task, group_id=group_id,
                           repeat_index=repeat_index, started_at=time.time())
         started = time.perf_counter()
-        tuners: list[ModelTuner] = []  # filled by _roll_out: its after-the-judge cleanups run below
+        tuner: ModelTuner | None = None
         try:
-            output, handed, madness = await self._roll_out(episode, sampling, tuners)
+            tuner = ModelTuner(self._open_channel(episode, sampling), task, self.config, self.frameworks)
+            output, madness = await self._roll_out(episode, tuner)
             episode.metrics["workflow_s"] = time.perf_counter() - started
-            await self._score(episode, output, handed)
+            await self._score(episode, output, dict(tuner.judge_input_dictionary))
             self._apply_madness(episode, madness)
         except EpisodeFailure as failure:
             episode.status, episode.error = failure.status, str(failure)
-        finally:  # also when cancelled: environment instances must be released
-            for tuner in tuners:
+        finally:  # after the judge, and also when cancelled: environment instances must be released
+            if tuner is not None:
                 await tuner.run_cleanups()
         episode.duration_s = time.perf_counter() - started
         if episode.status.failed:
@@ -137,16 +138,19 @@ class RolloutEngine:
         return episode
 
     # -- the workflow ------------------------------------------------------------------------------
-    async def _roll_out(self, episode: Episode, sampling: SamplingParams,
-                        tuners: list[ModelTuner]) -> tuple[WorkflowOutput, dict, list[str]]:
-        """Run the workflow and collect the channel's record, whatever happened."""
+    def _open_channel(self, episode: Episode, sampling: SamplingParams) -> Any:
         try:
-            channel = self.gateway.open_episode(episode.episode_id, sampling)
+            return self.gateway.open_episode(episode.episode_id, sampling)
         except Exception as error:
             raise EpisodeFailure(EpisodeStatus.ENGINE_ERROR, f"the gateway could not open the episode: "
                                  f"{describe(error)}") from error
-        tuner = ModelTuner(channel, episode.task, self.config, self.frameworks)
-        tuners.append(tuner)
+
+    async def _roll_out(self, episode: Episode, tuner: ModelTuner) -> tuple[WorkflowOutput, list[str]]:
+        """Run the workflow, collect the channel's record whatever happened, and close the channel.
+
+        Returns the workflow's output and the madness checks that fired.
+        """
+        channel = tuner.channel
         outcome: WorkflowOutput | EpisodeFailure
         try:
             try:
@@ -158,11 +162,11 @@ class RolloutEngine:
             except EpisodeFailure as failure:
                 outcome = outcome if isinstance(outcome, EpisodeFailure) else failure
         finally:
-            await _cleanup(tuner.aclose)
-            await _cleanup(lambda: self.gateway.close_episode(channel))
+            await call_logged(tuner.aclose, "closing the episode's clients")
+            await call_logged(lambda: self.gateway.close_episode(channel), "closing the episode's channel")
         if isinstance(outcome, EpisodeFailure):
             raise outcome
-        return outcome, dict(tuner.judge_input_dictionary), list(getattr(channel, "madness", None) or [])
+        return outcome, list(getattr(channel, "madness", None) or [])
 
     async def _execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
         timeout = self.config.rollout.episode_timeout
@@ -347,11 +351,11 @@ def describe(error: BaseException) -> str:
     return f"{head}\n{text}"
 
 
-async def _cleanup(step: Callable[[], Any]) -> None:
+async def call_logged(step: Callable[[], Any], what: str, **context: Any) -> None:
     """Run (and await) a cleanup step that must not turn a finished episode into a crash."""
     try:
         result = step()
         if inspect.isawaitable(result):
             await result
     except Exception as error:
-        log.warning("episode cleanup failed", error=f"{type(error).__name__}: {error}")
+        log.warning(f"{what} failed", error=f"{type(error).__name__}: {error}", **context)

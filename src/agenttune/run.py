@@ -58,10 +58,14 @@ def latest_run_dir(config: AgentTuneConfig, base: Path = Path("runs")) -> Path |
     return runs[-1] if runs else None
 
 
+def choose_run_dir(config: AgentTuneConfig, run_dir: Path | None, *, resume: bool = False) -> Path:
+    """The run directory `prepare_run` uses: `run_dir`, else the latest run (resuming) or a new one."""
+    return run_dir or (latest_run_dir(config) if resume else None) or default_run_dir(config)
+
+
 def prepare_run(config: AgentTuneConfig, run_dir: Path | None, *, resume: bool = False) -> Run:
     """Create (or reopen, when resuming) the run directory and start logging into it."""
-    if run_dir is None:
-        run_dir = (latest_run_dir(config) if resume else None) or default_run_dir(config)
+    run_dir = choose_run_dir(config, run_dir, resume=resume)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "rollouts").mkdir(exist_ok=True)

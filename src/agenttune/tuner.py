@@ -129,17 +129,11 @@ class ModelTuner:
 
     async def run_cleanups(self) -> None:
         """Run the `add_cleanup` callbacks (the rollout engine calls this); a failing one is logged."""
-        from agenttune.run import get_logger
+        from agenttune.rollout import call_logged
 
         cleanups, self._cleanups = self._cleanups, []
         for callback in reversed(cleanups):
-            try:
-                result = callback()
-                if hasattr(result, "__await__"):
-                    await result
-            except Exception as error:
-                get_logger("tuner").warning("episode cleanup failed", episode=self.episode_id,
-                                            error=f"{type(error).__name__}: {error}")
+            await call_logged(callback, "episode cleanup", episode=self.episode_id)
 
     async def aclose(self) -> None:
         """Close the clients handed out (the rollout engine calls this when the episode ends)."""

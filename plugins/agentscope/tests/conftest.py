@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from agenttune_agentscope.version import agentscope_line
 
 from agenttune.config_loader import build_config
 from agenttune.engine import Generation, SamplingParams
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.task import Task
 from agenttune.tuner import FrameworkLoader, ModelTuner
-from agenttune_agentscope.version import agentscope_line
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

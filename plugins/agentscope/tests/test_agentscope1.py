@@ -110,7 +110,6 @@ async def test_model_structured_output_through_response_format(rig, stream):
 async def test_seed_style_model_tuner_becomes_a_model_named_after_the_agent(rig):
     """The seeds write `ReActAgent(model=model_tuner, ...)`; that works and names the timeline."""
     from agentscope.message import Msg
-
     from agenttune_agentscope.v1 import TunedOpenAIChatModel
 
     rig = await rig([ANSWER])

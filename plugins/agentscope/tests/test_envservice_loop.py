@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from agenttune_envservice import env_for
+from agenttune_envservice.demo_server import secret_of
 from conftest import LINE, frameworks, make_config
 
 from agenttune import Task, Workflow, WorkflowOutput
@@ -28,8 +30,6 @@ from agenttune.engines.scripted import ScriptedEngine
 from agenttune.episode import EpisodeStatus
 from agenttune.plugins import get_component
 from agenttune.rollout import RolloutEngine
-from agenttune_envservice import env_for
-from agenttune_envservice.demo_server import secret_of
 
 
 @pytest.fixture
@@ -75,20 +75,27 @@ class SeedLoopWorkflow(Workflow):
             agent = ReActAgent(name="Qwen", sys_prompt=system, model=tuner, formatter=DashScopeChatFormatter(),
                                memory=InMemoryMemory(), toolkit=None, print_hint_msg=False)
             agent.set_console_output_enabled(False)
-            reply_to = agent.__call__
-        else:
+            interaction_message = Msg(name="user", content=query, role="user")
+            for _ in range(tuner.config.rollout.max_turns):  # from here on, the seed's loop verbatim
+                reply_message = await agent(interaction_message)
+                obs, _, terminate, _ = await env.gym_step(action={"content": reply_message.content,
+                                                                  "role": "assistant"})
+                interaction_message = Msg(name="env", content=obs, role="user")
+                if terminate or tuner.context_overflow:
+                    break
+        else:  # 2.x: Agent has no __call__, and Msg content is a list of blocks
             from agentscope.agent import Agent
-            from agentscope.message import Msg
+            from agentscope.message import UserMsg
 
             agent = Agent(name="Qwen", system_prompt=system, model=tuner)
-            reply_to = agent.reply
-        message = Msg("user", query, "user")
-        for _ in range(tuner.config.rollout.max_turns):
-            reply = await reply_to(message)
-            obs, _, terminate, _ = await env.gym_step(action={"content": reply.content, "role": "assistant"})
-            message = Msg("env", obs, "user")
-            if terminate or tuner.context_overflow:
-                break
+            interaction_message = UserMsg(name="user", content=query)
+            for _ in range(tuner.config.rollout.max_turns):
+                reply_message = await agent.reply(interaction_message)
+                obs, _, terminate, _ = await env.gym_step(action={"content": reply_message.get_text_content(),
+                                                                  "role": "assistant"})
+                interaction_message = UserMsg(name="env", content=obs)
+                if terminate or tuner.context_overflow:
+                    break
         return WorkflowOutput()
 
 

@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from agenttune_agentscope.framework import AgentScopeFramework
 from conftest import LINE, make_config
 
 from agenttune.errors import UserError
 from agenttune.plugins import get_component
-from agenttune_agentscope.framework import AgentScopeFramework
 
 
 def test_listed_without_importing_agentscope():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agenttune_verl.launch import CONFIG_NAME, verl_dir
 
 from agenttune.config import AgentTuneConfig
 from agenttune.config_loader import load_config
@@ -55,6 +56,18 @@ class FakeServerManager:
                            stop_reason="completed", num_preempted=0,
                            extra_fields={"global_steps": self.global_steps, "min_global_steps": self.global_steps,
                                          "max_global_steps": self.global_steps})
+
+
+def load_like_main_ppo(run: Any) -> Any:
+    """The config as `python -m verl.trainer.main_ppo --config-path D --config-name N` composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_dir(run)), version_base=None):
+        config = compose(config_name=CONFIG_NAME)
+    GlobalHydra.instance().clear()
+    return config
 
 
 def write_tasks_file(directory: Path, split: str, count: int) -> Path:

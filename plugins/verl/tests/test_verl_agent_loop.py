@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from agenttune_verl.agent_loop import WorkerRuntime
+from agenttune_verl.launch import prepare, verl_dir
+from conftest import FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob, load_like_main_ppo
 
 from agenttune.components import resolve
 from agenttune.rollout_log import RolloutLog, read_records
 from agenttune.run import prepare_run
-from agenttune_verl.agent_loop import WorkerRuntime
-from agenttune_verl.launch import CONFIG_NAME, prepare, verl_dir
-
-from conftest import FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
@@ -39,18 +38,6 @@ def prepared_run(agent_config, tmp_path):
 async def teardown_runtimes():
     yield
     await WorkerRuntime.close_all()
-
-
-def load_like_main_ppo(run):
-    """The config as `python -m verl.trainer.main_ppo --config-path D --config-name N` composes it."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(verl_dir(run)), version_base=None):
-        config = compose(config_name=CONFIG_NAME)
-    GlobalHydra.instance().clear()
-    return config
 
 
 def dataset_rows(verl_config, split_files, tokenizer):

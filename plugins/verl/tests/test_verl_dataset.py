@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from agenttune.components import resolve
-from agenttune.errors import UserError
-from agenttune.task import Task
 from agenttune_verl.dataset import prompt_messages, task_from_row, write_tasks
 from agenttune_verl.launch import write_datasets
 from agenttune_verl.translation import VerlPaths
 from agenttune_verl.verl_config import build_verl_config
+
+from agenttune.components import resolve
+from agenttune.errors import UserError
+from agenttune.task import Task
 
 
 def rlhf_dataset(path, verl_data_config, tokenizer):

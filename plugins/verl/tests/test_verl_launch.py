@@ -7,17 +7,17 @@ import os
 import subprocess
 import sys
 
+from agenttune_verl.launch import CONFIG_NAME, prepare, trainer_command, verl_dir
+from agenttune_verl.metrics_bridge import MetricsFollower
+from agenttune_verl.rollout_files import LockedRolloutLog
+from conftest import load_like_main_ppo
+
 from agenttune.components import resolve
 from agenttune.episode import Episode, EpisodeStatus, Sample
 from agenttune.metrics import MetricsLog
 from agenttune.rollout_log import RolloutLog
 from agenttune.run import prepare_run
 from agenttune.task import Task
-from agenttune_verl.launch import CONFIG_NAME, prepare, trainer_command, verl_dir
-from agenttune_verl.metrics_bridge import MetricsFollower
-from agenttune_verl.rollout_files import LockedRolloutLog
-
-from test_verl_agent_loop import load_like_main_ppo
 
 
 def test_verls_entry_point_accepts_the_written_config(agent_config, tmp_path):
@@ -109,3 +109,39 @@ def _write_many(directory: str) -> None:
     log = LockedRolloutLog(os.path.join(directory, "rollouts"))
     for index in range(25):
         log.write(1, "train", [episode(float(index))], tiny_tokenizer())
+
+
+def test_the_trainer_joins_the_local_ray_head_and_its_metrics_reach_the_run(agent_config, tmp_path):
+    from agenttune_verl.launch import ray_cluster, run_trainer
+
+    config = agent_config("trainer.n_gpus_per_node=0")  # a CPU-only stand-in trainer passes the GPU count
+    run = prepare_run(config, tmp_path / "run")
+    (run.run_dir / "verl").mkdir()
+    RolloutLog.for_run(run).write(1, "train", [episode(1.0)], None)
+    stand_in = ("import json, os, ray\n"
+                "ray.init()\n"  # RAY_ADDRESS, as verl's main_ppo calls it
+                "print('joined', ray.get_runtime_context().gcs_address, flush=True)\n"
+                "with open(os.environ['VERL_FILE_LOGGER_PATH'], 'a') as f:\n"
+                "    f.write(json.dumps({'step': 1, 'data': {'actor/lr': 1e-6}}) + '\\n')\n")
+
+    with ray_cluster(config) as address:
+        run_trainer(run, address, command=[sys.executable, "-c", stand_in])
+
+    trainer_log = (verl_dir(run) / "trainer.log").read_text()
+    assert f"joined {address}" in trainer_log
+    [step] = MetricsLog(run.metrics_path).read()
+    assert step["step"] == 1 and step["verl/actor/lr"] == 1e-6 and step["reward/mean"] == 1.0
+
+
+def test_a_failing_trainer_is_reported_with_its_log(agent_config, tmp_path):
+    import pytest
+    from agenttune_verl.launch import run_trainer
+
+    from agenttune.errors import UserError
+
+    run = prepare_run(agent_config(), tmp_path / "run")
+    (run.run_dir / "verl").mkdir()
+    with pytest.raises(UserError, match="exited with code 3") as raised:
+        run_trainer(run, "127.0.0.1:1", command=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"])
+    assert "trainer.log" in raised.value.render()
+    assert "boom" in (verl_dir(run) / "trainer.log").read_text()

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from agenttune_verl.backbone import VerlBackbone, config_problems
+from agenttune_verl.translation import SAVE_ONLY_AT_END, TRANSLATIONS, VerlPaths, translated_values
+from agenttune_verl.verl_config import build_verl_config, compose_verl_base, has_key, resolved
 from omegaconf import OmegaConf
 
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
-from agenttune_verl.backbone import VerlBackbone, config_problems
-from agenttune_verl.translation import SAVE_ONLY_AT_END, TRANSLATIONS, VerlPaths, translated_values
-from agenttune_verl.verl_config import build_verl_config, compose_verl_base, has_key, resolved
 
 # One non-default agenttune config, and what every row of the translation table must make of it.
 CUSTOM = {

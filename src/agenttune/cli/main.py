@@ -14,7 +14,8 @@ import warnings
 
 import typer
 
-from agenttune.cli import config_cmd, data_cmd, plugins_cmd, train_cmd
+from agenttune.backbones.local import commands as local_commands
+from agenttune.cli import config_cmd, data_cmd, logview_cmd, model_cmd, plugins_cmd, train_cmd
 from agenttune.errors import PluginWarning, UserError
 
 app = typer.Typer(
@@ -27,7 +28,10 @@ app = typer.Typer(
 app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(data_cmd.app, name="data")
+app.add_typer(model_cmd.app, name="model")
 train_cmd.register(app)
+local_commands.register(app)  # export, report
+logview_cmd.register(app)
 
 
 @app.callback()
@@ -56,8 +60,12 @@ def _run(args: list[str]) -> None:
 
     get_plugin_manager().register_commands(app)
     # Standalone mode: usage errors, --help and Ctrl-C are handled (and exit) the usual way; a
-    # UserError passes through to `main`.
-    app(args=args, prog_name="agenttune", standalone_mode=True)
+    # UserError passes through to `main`. Success returns normally, for callers of main().
+    try:
+        app(args=args, prog_name="agenttune", standalone_mode=True)
+    except SystemExit as exit:
+        if exit.code not in (0, None):
+            raise
 
 
 def _print_error(message: str) -> None:

@@ -17,6 +17,8 @@ def train(
     agent: str = typer.Option(None, "--agent", help="Agent framework (default: config's agent_framework)."),
     run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default runs/<project>/<experiment>/<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the run directory."),
+    with_logview: bool = typer.Option(False, "--with-logview", help="Serve the log viewer on the run directory "
+                                      "while training (and after, until Ctrl-C); prints its URL."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
 ) -> None:
     """Train (or, with --backbone debug, just roll out and judge) the configured workflow."""
@@ -24,4 +26,8 @@ def train(
     from agenttune.training import train_from_config
 
     config = load_config(conf, overrides or [], backbone=backbone, agent_framework=agent)
+    if with_logview:
+        from agenttune.logview.beside_training import train_with_logview
+
+        return train_with_logview(config, run_dir=run_dir, resume=resume)
     train_from_config(config, run_dir=run_dir, resume=resume)

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from agenttune.agent_framework import AgentFramework
 from agenttune.errors import UserError
-
 from agenttune_agentscope.options import AgentScopeOptions
 from agenttune_agentscope.version import agentscope_line
 
@@ -48,18 +47,18 @@ class AgentScopeFramework(AgentFramework):
 
         install()  # also when no backbone called setup(), e.g. a workflow driven from a test
         options = _options(tuner)
-        if stream is None:
-            stream = options.stream
-        api_key = tuner.api_key_for(agent)
-        kwargs.setdefault("model_name" if agentscope_line() == 1 else "model", tuner.model_name)
+        stream = options.stream if stream is None else stream
+        common = {"agent": agent, "api_key": tuner.api_key_for(agent), "stream": stream}
         if agentscope_line() == 1:
             from agenttune_agentscope import v1
 
-            return v1.build_model(tuner, agent=agent, api_key=api_key, stream=stream, **kwargs)
+            kwargs.setdefault("model_name", tuner.model_name)
+            return v1.build_model(tuner, **common, **kwargs)
         from agenttune_agentscope import v2
 
-        return v2.build_model(tuner, agent=agent, api_key=api_key, stream=stream, options=options,
-                              max_model_len=tuner.config.model.max_model_len, **kwargs)
+        kwargs.setdefault("model", tuner.model_name)
+        kwargs.setdefault("context_size", options.context_size or tuner.config.model.max_model_len)
+        return v2.build_model(tuner, **common, options=options, **kwargs)
 
 
 def _options(tuner: ModelTuner) -> AgentScopeOptions:

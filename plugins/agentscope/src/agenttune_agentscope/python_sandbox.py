@@ -78,7 +78,7 @@ async def run_python(code: str, limits: PythonLimits = PythonLimits()) -> Python
             timed_out = False
             try:
                 await asyncio.wait_for(process.wait(), timeout=limits.timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
             finally:
                 _kill_group(process.pid)  # also whatever the code started in the background

@@ -26,7 +26,7 @@ class TunedOpenAIChatModel(OpenAIChatModel):
 def build_model(tuner: Any, *, agent: str | None, api_key: str, stream: bool | None, **kwargs: Any) -> Any:
     if stream is not None:
         kwargs["stream"] = stream
-    model = TunedOpenAIChatModel(model_name=kwargs.pop("model_name"), api_key=api_key, **kwargs)
+    model = TunedOpenAIChatModel(api_key=api_key, **kwargs)
     # The tuner's client reaches the gateway in process when it can (no socket) and over HTTP otherwise.
     model.client = tuner.as_async_openai_client(agent=agent)
     model.agenttune_agent = agent

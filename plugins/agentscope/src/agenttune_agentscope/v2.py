@@ -26,24 +26,12 @@ class TunedOpenAIChatModel(OpenAIChatModel):
     agenttune_options: AgentScopeOptions | None = None
 
 
-def build_model(
-    tuner: Any,
-    *,
-    agent: str | None,
-    api_key: str,
-    stream: bool | None,
-    options: AgentScopeOptions,
-    max_model_len: int,
-    **kwargs: Any,
-) -> Any:
+def build_model(tuner: Any, *, agent: str | None, api_key: str, stream: bool | None,
+                options: AgentScopeOptions, **kwargs: Any) -> Any:
     if stream is not None:
         kwargs["stream"] = stream
-    kwargs.setdefault("context_size", options.context_size or max_model_len)
-    model = TunedOpenAIChatModel(
-        credential=OpenAICredential(api_key=api_key, base_url=tuner.base_url),
-        model=kwargs.pop("model"),
-        **kwargs,
-    )
+    credential = OpenAICredential(api_key=api_key, base_url=tuner.base_url)
+    model = TunedOpenAIChatModel(credential=credential, **kwargs)
     # The tuner's client reaches the gateway in process when it can (no socket) and over HTTP otherwise.
     model.client = tuner.as_async_openai_client(agent=agent)
     model.agenttune_agent = agent

@@ -29,7 +29,6 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from agenttune.engine import SamplingParams
 from agenttune.episode import Episode
 from agenttune.run import get_logger
-
 from agenttune_verl.dataset import task_from_row
 from agenttune_verl.engine import VerlEngine
 from agenttune_verl.outputs import Limits, episode_outputs

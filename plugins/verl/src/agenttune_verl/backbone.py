@@ -9,7 +9,6 @@ from agenttune.backbone import Backbone
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
 from agenttune.run import Run
-
 from agenttune_verl.translation import VerlPaths, total_gpus
 
 # verl's FSDP optimiser schedules (verl.workers.config.FSDPOptimizerConfig)
@@ -38,7 +37,6 @@ class VerlBackbone(Backbone):
 
     def run(self, run: Run) -> None:
         from agenttune.components import resolve
-
         from agenttune_verl.launch import prepare, ray_cluster, run_trainer
 
         components = resolve(run.config)
@@ -67,7 +65,11 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
         problems.append(UserError(f"trainer.lr_schedule={config.trainer.lr_schedule!r} is not available in verl.",
                                   hint=f"Use one of {', '.join(VERL_LR_SCHEDULES)}."))
     episodes = config.data.train_batch_size * config.rollout.num_repeat
-    if episodes % total_gpus(config):
+    if total_gpus(config) == 0:
+        problems.append(UserError("trainer.n_gpus_per_node=0: verl trains on GPUs.",
+                                  hint="Set trainer.n_gpus_per_node to the GPUs per node (e.g. 8), or use "
+                                       "--backbone local to train on CPU."))
+    elif episodes % total_gpus(config):
         problems.append(UserError(
             f"data.train_batch_size x rollout.num_repeat = {episodes} episodes per step do not split evenly over "
             f"{total_gpus(config)} GPUs (trainer.n_gpus_per_node x trainer.nnodes).",

@@ -21,7 +21,6 @@ from typing import Any
 
 from agenttune.errors import UserError
 from agenttune.task import Task
-
 from agenttune_verl.translation import AGENT_LOOP_NAME
 
 

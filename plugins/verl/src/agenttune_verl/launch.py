@@ -32,7 +32,6 @@ from agenttune.errors import UserError
 from agenttune.metrics import MetricsLog
 from agenttune.rollout_log import RolloutLog
 from agenttune.run import Run, get_logger
-
 from agenttune_verl.dataset import write_tasks
 from agenttune_verl.metrics_bridge import MetricsFollower
 from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus
@@ -156,9 +155,9 @@ def trainer_command(run: Run) -> list[str]:
             f"hydra.run.dir={_hydra_quote(str(hydra_dir))}"]
 
 
-def run_trainer(run: Run, ray_address: str) -> None:
-    """Run verl's trainer to completion, teeing its output and bridging its metrics."""
-    command = trainer_command(run)
+def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None) -> None:
+    """Run verl's trainer (or `command`) to completion, teeing its output and bridging its metrics."""
+    command = command or trainer_command(run)
     env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run)}
     trainer_log = verl_dir(run) / "trainer.log"
     follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run), MetricsLog(run.metrics_path))

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttune.episode import Episode, Sample
-
 from agenttune_verl.engine import RequestStats
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
-
 from agenttune_verl.translation import VerlPaths, translated_values
 
 VERL_CONFIG_MODULE = "verl.trainer.config"
