@@ -95,3 +95,13 @@ def envservice(session: nox.Session) -> None:
     # AgentScope 1.x for examples/appworld (the seeds' ReActAgent), through the agentscope plugin.
     session.install(CPU_TORCH, "-e", "plugins/judges/envservice", "-e", "plugins/agentscope[agentscope1]")
     session.run("pytest", "plugins/judges/envservice/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def aworld(session: nox.Session) -> None:
+    """The AWorld plugin on aworld 0.3.2: real agents, real MCP servers (stdio, HTTP), the GAIA-style example."""
+    install_core(session, "local")  # the example trains the tiny model with the local backbone
+    # aworld 0.3.2 pins mcp~=1.10.1, opentelemetry~=1.32 and json_repair~=0.49 (so it cannot share an
+    # environment with AgentScope 2.x), and `import mcp` 1.10 fails under pydantic 2.14.
+    session.install(CPU_TORCH, "-e", "plugins/aworld", "aworld==0.3.2", "mcp~=1.10.1", "pydantic<2.14")
+    session.run("pytest", "plugins/aworld/tests", *session.posargs)

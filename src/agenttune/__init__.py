@@ -8,16 +8,30 @@ from agenttune.workflow import Workflow, WorkflowOutput
 
 __version__ = "0.1.0"
 
+# Imported on first use: `import agenttune` stays light.
+_LAZY = {"Trainer": "agenttune.trainer", "ModelTuner": "agenttune.tuner", "WorkflowTask": "agenttune.task"}
+
 __all__ = [
     "Episode",
     "EpisodeStatus",
     "Judge",
     "JudgeInput",
     "JudgeResult",
+    "ModelTuner",
     "Sample",
     "Task",
+    "Trainer",
     "Workflow",
+    "WorkflowTask",
     "WorkflowOutput",
     "hookimpl",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agenttune' has no attribute {name!r}")

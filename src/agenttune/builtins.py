@@ -13,8 +13,9 @@ from agenttune.hookspecs import hookimpl
 def register_task_readers():
     from agenttune.readers.file import FileTaskReader
     from agenttune.readers.huggingface import HuggingFaceTaskReader
+    from agenttune.readers.in_memory import InMemoryTaskReader
 
-    return [FileTaskReader, HuggingFaceTaskReader]
+    return [FileTaskReader, HuggingFaceTaskReader, InMemoryTaskReader]
 
 
 @hookimpl

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"Config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}.",
                         hint="Start it with top-level keys such as `workflow:` and `task_reader:`.")
-    # ASTune configs wrap everything in one top-level key; accept that shape.
+    return unwrapped(data)
+
+
+def unwrapped(data: dict[str, Any]) -> dict[str, Any]:
+    """ASTune configs wrap everything in one top-level key; accept that shape."""
     for wrapper in ("agenttune", "astuner", "astune"):
         if set(data) == {wrapper} and isinstance(data[wrapper], dict):
             return data[wrapper]
@@ -125,17 +131,26 @@ def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source
     return model.model_validate(validated.model_dump())
 
 
-def load_config(conf: str | Path | None, overrides: list[str] = (), **fixed: Any) -> AgentTuneConfig:
-    """The CLI's entry: a YAML file, `key.path=value` overrides, and fixed values from flags."""
-    path = Path(conf) if conf else None
-    yaml_data = read_yaml(path) if path else {}
-    override_data = apply_overrides({}, list(overrides))
+def load_config(conf: str | Path | Mapping[str, Any] | AgentTuneConfig | None, overrides: list[str] = (),
+                **fixed: Any) -> AgentTuneConfig:
+    """The CLI's entry (and agenttune.Trainer's): a config, `key.path=value` overrides, and fixed values
+    from flags. The config is a YAML file, or, from Python, its contents as a dict (read like the file)
+    or an AgentTuneConfig (whose values then rank above the environment, as when it was made)."""
+    source, source_dir, yaml_data, override_data = "", None, {}, {}
+    if isinstance(conf, AgentTuneConfig):
+        override_data, source_dir = conf.model_dump(), conf.source_dir
+    elif isinstance(conf, Mapping):
+        yaml_data, source = unwrapped(copy.deepcopy(dict(conf))), "the config dict"
+    elif conf:
+        path = Path(conf)
+        yaml_data, source = read_yaml(path), str(path)
+        source_dir = path.resolve().parent  # where workflow modules next to the YAML are found
+    apply_overrides(override_data, list(overrides))
     for key, value in fixed.items():
         if value is not None:
             override_data[key] = value
-    config = build_config(yaml_data, override_data, source=str(path) if path else "")
-    if path is not None:
-        config._source_dir = path.resolve().parent  # where workflow modules next to the YAML are found
+    config = build_config(yaml_data, override_data, source=source)
+    config._source_dir = source_dir
     return config
 
 

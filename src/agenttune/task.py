@@ -30,5 +30,13 @@ class Task(BaseModel):
         return self.query
 
     @property
+    def task(self) -> Task:
+        """ASTune workflows read `workflow_task.task.main_query`: a Task is its own WorkflowTask."""
+        return self
+
+    @property
     def ground_truth(self) -> Any:
         return self.metadata.get("ground_truth")
+
+
+WorkflowTask = Task  # ASTune's name for what `Workflow.execute` receives

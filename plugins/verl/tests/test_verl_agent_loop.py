@@ -202,6 +202,9 @@ async def test_a_failing_workflow_still_answers_verl(prepared_run, tiny_tokenize
     for put in stored["puts"]:
         fields = put["fields"][0]
         assert fields["response_mask"].tolist() == [0]  # nothing is trained
+        prompt_text = tiny_tokenizer.decode(fields["prompts"].tolist())
+        assert prompt_text.startswith("<|im_start|>user\nWhat is 2 + 3? (#0)")  # the task's prompt as context
+        assert prompt_text.endswith("<|im_start|>assistant\n")
         assert fields["rm_scores"].tolist() == [0.0]  # but the reward counts in the group's baseline
         assert fields["extra_fields"]["agenttune_status"] == "workflow_error"
         assert put["tags"][0]["min_global_steps"] == 5

@@ -35,6 +35,7 @@ EXPECTED = {
     "algorithm.adv_estimator": "grpo",
     "algorithm.norm_adv_by_std_in_grpo": False,
     "algorithm.use_kl_in_reward": False,
+    "critic.enable": False,
     "actor_rollout_ref.actor.use_kl_loss": True,
     "actor_rollout_ref.actor.kl_loss_coef": 0.01,
     "actor_rollout_ref.actor.kl_loss_type": "k1",
@@ -178,7 +179,8 @@ def test_native_config_is_complete_and_resolved():
     assert native["data"]["train_files"] == "<run_dir>/verl/train.parquet"
     assert native["data"]["val_files"] == "<run_dir>/verl/train.parquet"  # no validation split
     assert native["actor_rollout_ref"]["rollout"]["prompt_length"] == 2048  # verl interpolation resolved
-    assert native["critic"]["enable"] is None and "reward" in native  # the untouched rest of verl's config
+    assert native["critic"]["enable"] is False
+    assert native["reward"]["reward_manager"]["name"] == "naive"  # the untouched rest of verl's config
 
 
 def test_config_show_prints_the_verl_config(tmp_path, capsys):
@@ -206,6 +208,7 @@ def test_config_show_prints_the_verl_config(tmp_path, capsys):
     ({"trainer": {"n_gpus_per_node": 8}, "data": {"train_batch_size": 3}, "rollout": {"num_repeat": 2}},
      "6 episodes per step do not split evenly over 8 GPUs"),
     ({"trainer": {"test_freq": 5}}, "task_reader.validation_split is not set"),
+    ({"trainer": {"n_gpus_per_node": 0}}, "verl trains on GPUs"),
 ])
 def test_config_problems_are_user_errors(overrides, words):
     config = AgentTuneConfig(**{"model": {"path": "/models/qwen"}, **overrides})
@@ -227,3 +230,25 @@ def test_placeholder_paths_are_what_a_run_writes(tmp_path: Path):
                            (placeholder.train_files, placeholder.val_files, placeholder.agent_loop_config,
                             placeholder.checkpoints), strict=True):
         assert real == shown.replace("<run_dir>", str(tmp_path.resolve()))
+
+
+def test_the_readme_shows_the_table():
+    from agenttune_verl.translation import markdown_table
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    assert markdown_table() in readme
+
+
+def test_listing_plugins_imports_no_heavy_library():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from agenttune.plugins import get_plugin_manager\n"
+            "assert 'verl' in get_plugin_manager().names('backbones')\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'verl', 'torch', 'ray', 'hydra', 'vllm',"
+            " 'transformers', 'omegaconf'})\n"
+            "print(heavy)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,18 +1,21 @@
 """The model's chat template, rendered and tokenized the way the gateway needs it.
 
 Besides rendering a whole conversation, the renderer answers the timeline's question: *given the
-token ids the model already saw and generated, which ids do the new messages add?* (`delta_text`).
-It renders the previous conversation with a sentinel in place of the model's reply and the new
-conversation the same way; the text after the sentinel is the template's glue (e.g. the end of turn
-and newline) followed by the new messages and the next generation prompt.
+token ids the model already saw and generated, which ids do the new messages add?*
+(`text_after_reply`): it renders the conversation with a sentinel in place of the model's reply;
+the text after the sentinel is the template's glue (e.g. end of turn and newline) followed by the new
+messages and the next generation prompt.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from agenttune.errors import UserError
+from agenttune.gateway.errors import GatewayError, bad_request
 
 SENTINEL = "\u2063agenttune-reply\u2063"  # invisible separator: never in real text, survives templates
 
@@ -26,6 +29,13 @@ class ChatRenderer:
             name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")
         }
         self.special_ids = _special_ids(tokenizer)
+        self._split_ids = _splitting_tokens(tokenizer) if self._backend is not None else {}
+        self._splitter = re.compile("(" + "|".join(map(re.escape, sorted(self._split_ids, key=len, reverse=True)))
+                                    + ")") if self._split_ids else None
+        self._cached_piece = lru_cache(maxsize=4096)(self._encode_piece)
+        self._token_text = lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token], skip_special_tokens=False))
+        # The Rust decoder directly, unless the Python wrapper would post-process the text.
+        self._fast_decode = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
 
     # -- rendering -----------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
@@ -38,39 +48,73 @@ class ChatRenderer:
                 **self._globals, **(template_kwargs or {}),
             )
         except Exception as error:  # the template refused these messages (raise_exception, bad order, ...)
-            from agenttune.gateway.errors import bad_request
-
             raise bad_request(f"The model's chat template cannot render these messages: {error}",
                               param="messages") from error
 
-    def delta_text(self, history: list[dict[str, Any]], new: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   template_kwargs: dict[str, Any]) -> tuple[str, str] | None:
-        """(closing, added) text after the model's reply in `history + [reply] + new`.
+    def text_after_reply(self, history: list[dict[str, Any]], reply: dict[str, Any], new: list[dict[str, Any]],
+                         tools: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> str | None:
+        """The text the template writes after the model's reply in `history + [reply] + new`.
 
-        `closing` is what the template writes right after a reply (e.g. "<|im_end|>\\n"); `added`
-        is the new messages plus the generation prompt. None: the template does not render the
-        conversation append-only, so the ids cannot be reused.
+        That is the end of the reply's turn (e.g. "<|im_end|>\n"), the new messages and the next
+        generation prompt. The conversation is rendered once, with a sentinel as the reply's content
+        (keeping its reasoning, which templates such as Qwen3's look at); the reply's tool calls are
+        left out, since the model wrote them itself. None: the template would not render the sentinel
+        as given, so the ids cannot be reused.
         """
-        with_reply = [*history, {"role": "assistant", "content": SENTINEL}]
-        before = self.render(with_reply, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
-        after = self.render([*with_reply, *new], tools, add_generation_prompt=True, template_kwargs=template_kwargs)
-        at = before.find(SENTINEL)
-        if at < 0 or before.count(SENTINEL) != 1 or not after.startswith(before):
+        stand_in = {"role": "assistant", "content": SENTINEL}
+        if reply.get("reasoning_content"):
+            stand_in["reasoning_content"] = reply["reasoning_content"]
+        try:
+            text = self.render([*history, stand_in, *new], tools, add_generation_prompt=True,
+                               template_kwargs=template_kwargs)
+        except GatewayError:
             return None
-        return before[at + len(SENTINEL):], after[len(before):]
+        at = text.find(SENTINEL)
+        if at < 0 or text.find(SENTINEL, at + 1) >= 0:
+            return None
+        return text[at + len(SENTINEL):]
 
     # -- tokens --------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Token ids of rendered template text (its special tokens are in the text already)."""
+        """Token ids of rendered template text (its special tokens are in the text already).
+
+        Tokenizers never merge across special tokens, so the text is tokenized piece by piece between
+        them and the pieces are cached: the system prompt with its tools, repeated by every episode,
+        is tokenized once.
+        """
+        if self._splitter is None:
+            return self._encode_piece(text)
+        ids: list[int] = []
+        for index, piece in enumerate(self._splitter.split(text)):
+            if index % 2:
+                ids.append(self._split_ids[piece])
+            elif piece:
+                ids += self._cached_piece(piece)
+        return ids
+
+    def _encode_piece(self, text: str) -> list[int]:
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int]) -> str:
+        """The reply's text, as vLLM shows it (special tokens skipped)."""
+        if self._fast_decode:
+            return self._backend.decode(token_ids, skip_special_tokens=True)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self._token_text(token_id)
+
+
+def _splitting_tokens(tokenizer: Any) -> dict[str, int]:
+    """Special tokens that split the text before normalisation (so pieces tokenize independently)."""
+    tokens = {}
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        plain = not (token.normalized or token.lstrip or token.rstrip or token.single_word)
+        if token.special and plain and token.content:
+            tokens[token.content] = token_id
+    return tokens
 
 
 def _special_ids(tokenizer: Any) -> frozenset[int]:

@@ -27,7 +27,7 @@ BREAK_REASONS = {
     "reply_modified": "the model's reply came back changed",
     "dropped_thinking": "the model's reply came back without its reasoning",
     "no_new_messages": "nothing follows the model's reply",
-    "template_not_append_only": "the chat template renders this conversation differently than the last",
+    "template_unsupported": "the chat template could not render the continuation around the reply",
     "concurrent_call": "another call of the same agent was still running",
 }
 
@@ -102,7 +102,7 @@ class Timeline:
             prompt = self._extension(request)
             if prompt is not None:
                 return prompt
-            reason = "template_not_append_only"
+            reason = "template_unsupported"
         text = self.renderer.render(request.messages, request.tools, add_generation_prompt=True,
                                     template_kwargs=request.template_kwargs)
         return Prompt(self.renderer.encode(text), break_reason=reason)
@@ -110,15 +110,15 @@ class Timeline:
     def _extension(self, request: ChatRequest) -> Prompt | None:
         turn, sample = self._turn, self.current
         new_messages = request.messages[len(turn.messages) + 1:]
-        delta = self.renderer.delta_text(turn.messages, new_messages, request.tools, request.template_kwargs)
-        if delta is None:
+        text = self.renderer.text_after_reply(turn.messages, turn.reply, new_messages, request.tools,
+                                              request.template_kwargs)
+        if text is None:
             return None
-        closing, added = delta
-        if turn.stop_token is not None:  # the model already wrote the start of the closing glue
+        if turn.stop_token is not None:  # the model already wrote the end of its turn itself
             stop_text = self.renderer.token_text(turn.stop_token)
-            if closing.startswith(stop_text):
-                closing = closing[len(stop_text):]
-        context_ids = self.renderer.encode(closing + added)
+            if text.startswith(stop_text):
+                text = text[len(stop_text):]
+        context_ids = self.renderer.encode(text)
         return Prompt(sample.context_ids + context_ids, sample, context_ids)
 
     def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,

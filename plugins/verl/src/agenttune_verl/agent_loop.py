@@ -122,7 +122,7 @@ class WorkerRuntime:
         stats = self.engine.stats(episode.episode_id)
         self.engine.forget(episode.episode_id)
         step = int(row.get("global_steps", 0))
-        outputs = episode_outputs(episode, limits, stats=stats, placeholder_prompt=self._prompt_ids(row),
+        outputs = episode_outputs(episode, limits, stats=stats, task_prompt=lambda: self._prompt_ids(row),
                                   pad_token_id=self._pad_token_id(), keep_all_samples=keep_all_samples, step=step)
         self._log(episode, step=step, split=str(extra_info.get("split", "train")))
         return outputs

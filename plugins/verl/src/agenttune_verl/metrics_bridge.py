@@ -18,6 +18,9 @@ from typing import Any
 from agenttune.episode import Episode
 from agenttune.metrics import MetricsLog, step_metrics
 from agenttune.rollout_log import RolloutLog, read_records
+from agenttune.run import get_logger
+
+log = get_logger("verl.metrics")
 
 TRUNCATION_PREFIX = "truncation/"
 VALIDATION = "validation"
@@ -88,10 +91,17 @@ class MetricsFollower:
         self._offset += len(complete)
         lines = [line for line in complete.decode("utf-8").splitlines() if line.strip()]
         for line in lines:
-            step, metrics = bridge_step(json.loads(line), self.rollout_log)
+            try:
+                step, metrics = bridge_step(json.loads(line), self.rollout_log)
+            except (ValueError, KeyError, TypeError) as error:  # one odd line must not stop the rest
+                log.warning("skipped a line of verl's metrics", error=f"{type(error).__name__}: {error}")
+                continue
             self.metrics_log.write(step, metrics)
         return len(lines)
 
     def _follow(self) -> None:
         while not self._stop.wait(self.poll_s):
-            self.poll()
+            try:
+                self.poll()
+            except OSError as error:  # e.g. the file system hiccups; try again on the next tick
+                log.warning("reading verl's metrics failed", error=f"{type(error).__name__}: {error}")

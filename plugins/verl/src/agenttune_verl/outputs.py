@@ -13,6 +13,7 @@ baseline, and no token is trained.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,7 @@ def episode_outputs(
     limits: Limits,
     *,
     stats: RequestStats,
-    placeholder_prompt: list[int],
+    task_prompt: Callable[[], list[int]],
     pad_token_id: int,
     keep_all_samples: bool,
     step: int,
@@ -65,7 +66,8 @@ def episode_outputs(
 
     `keep_all_samples`: False for verl's legacy trainer, which takes one output per run; the
     episode's last sample is then trained and the others are counted as dropped. `step`: the
-    training step the row was fed at, the model version when verl reported none.
+    training step the row was fed at, the model version when verl reported none. `task_prompt()`
+    gives the row's prompt ids, the context of the placeholder output of an episode with no sample.
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
@@ -75,7 +77,7 @@ def episode_outputs(
         samples = samples[-1:]
     cuts = [cut_to_limits(sample, limits) for sample in samples if sample.response_ids]
     if not cuts:
-        cuts = [_placeholder(placeholder_prompt, pad_token_id, limits)]
+        cuts = [_placeholder(task_prompt(), pad_token_id, limits)]
     _record_truncation(episode, cuts)
 
     metrics = AgentLoopMetrics(

@@ -37,25 +37,22 @@ class VerlPaths:
 
     @classmethod
     def for_run(cls, run_dir: Path, *, has_validation: bool) -> VerlPaths:
-        data = run_dir.resolve() / "verl"
-        train = str(data / "train.parquet")
+        return cls._layout(str(run_dir.resolve()), has_validation)
+
+    @classmethod
+    def placeholder(cls, config: AgentTuneConfig) -> VerlPaths:
+        return cls._layout("<run_dir>", config.task_reader.validation_split is not None)
+
+    @classmethod
+    def _layout(cls, run_dir: str, has_validation: bool) -> VerlPaths:
+        train = f"{run_dir}/verl/train.parquet"
         return cls(
             train_files=train,
             # verl always builds a validation dataset; without a validation split it reads the train
             # file and is never asked to validate (test_freq -1, val_before_train False).
-            val_files=str(data / "validation.parquet") if has_validation else train,
-            agent_loop_config=str(data / "agent_loops.yaml"),
-            checkpoints=str(run_dir.resolve() / "checkpoints"),
-        )
-
-    @classmethod
-    def placeholder(cls, config: AgentTuneConfig) -> VerlPaths:
-        has_validation = config.task_reader.validation_split is not None
-        return cls(
-            train_files="<run_dir>/verl/train.parquet",
-            val_files="<run_dir>/verl/validation.parquet" if has_validation else "<run_dir>/verl/train.parquet",
-            agent_loop_config="<run_dir>/verl/agent_loops.yaml",
-            checkpoints="<run_dir>/checkpoints",
+            val_files=f"{run_dir}/verl/validation.parquet" if has_validation else train,
+            agent_loop_config=f"{run_dir}/verl/agent_loops.yaml",
+            checkpoints=f"{run_dir}/checkpoints",
         )
 
 
@@ -96,6 +93,7 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("algorithm.adv_estimator", "algorithm.adv_estimator", lambda c, p: c.algorithm.adv_estimator),
     _t("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std", lambda c, p: c.algorithm.norm_adv_by_std),
     _t("algorithm.use_kl_in_reward", "(always false: KL goes into the loss)", lambda c, p: False),
+    _t("critic.enable", "(always false: GRPO has no critic)", lambda c, p: False),
     _t("actor_rollout_ref.actor.use_kl_loss", "algorithm.kl_coef > 0", lambda c, p: c.algorithm.kl_coef > 0),
     _t("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_coef", lambda c, p: c.algorithm.kl_coef),
     _t("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_estimator", lambda c, p: c.algorithm.kl_estimator),
@@ -119,8 +117,8 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("actor_rollout_ref.actor.ppo_mini_batch_size", "data.train_batch_size",
        lambda c, p: c.data.train_batch_size),
     _t("actor_rollout_ref.actor.use_dynamic_bsz", "(always true: micro-batches by token budget)", lambda c, p: True),
-    _t("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "max(16384, data.max_prompt_length + max_response_length)",
-       lambda c, p: _max_token_len_per_gpu(c)),
+    _t("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+       "max(16384, data.max_prompt_length + data.max_response_length)", lambda c, p: _max_token_len_per_gpu(c)),
     _t("actor_rollout_ref.actor.data_loader_seed", "trainer.seed", lambda c, p: c.trainer.seed),
     # data
     _t("data.train_files", "(written by agenttune from task_reader.train_split)", lambda c, p: p.train_files),
@@ -178,3 +176,10 @@ def translated_values(config: AgentTuneConfig, paths: VerlPaths) -> dict[str, An
 
 def total_gpus(config: AgentTuneConfig) -> int:
     return config.trainer.n_gpus_per_node * config.trainer.nnodes
+
+
+def markdown_table() -> str:
+    """The translation table as Markdown (the plugin's README shows it; a test keeps them equal)."""
+    lines = ["| verl key | from agenttune |", "| --- | --- |"]
+    lines += [f"| `{row.verl_key}` | {row.source} |" for row in TRANSLATIONS]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""agenttune-plugin-aworld."""

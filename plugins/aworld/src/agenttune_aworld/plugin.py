@@ -1,0 +1,1 @@
+"""Registers the `aworld` agent framework with agenttune."""

@@ -1,0 +1,2 @@
+def test_import():
+    import aworld  # noqa: F401
