@@ -1,15 +1,21 @@
-"""How much the gateway adds to an LLM call: latency over HTTP and throughput at 64 concurrent clients.
+"""What the gateway adds to an LLM call, over loopback HTTP and over the in-process transport.
 
-The gateway runs in its own process with an engine that answers instantly (a scripted tool call), so
-what is measured is the gateway itself: parsing, template rendering, timeline merging, tool-call
-parsing, HTTP. The baseline is the same HTTP stack (uvicorn + Starlette) returning a canned
-completion without doing anything. Each client runs 3-call tool conversations (the later calls extend
-the timeline), one episode per conversation.
+The engine answers instantly (a scripted tool call), so what is measured is the gateway itself:
+request parsing, chat-template rendering, timeline merging, tool-call parsing, the transport. Every
+episode is a 3-call tool conversation (the 2nd and 3rd calls extend the timeline), on a fresh
+episode key. Side by side, in one run, at 1, 16, 64 and 256 concurrent episodes:
 
-    python bench/gateway_overhead.py            # prints p50/p90 latency, calls/s, and the ratios
-    python bench/gateway_overhead.py --seconds 10 --concurrency 64
+    direct       the same engine called with ready prompt ids (no gateway): the floor
+    in-process   httpx through `channel.async_transport()`, gateway and clients on one event loop
+    http         httpx over loopback to the gateway in its own process (as out-of-process agents)
+    bare-http    reference: the same HTTP stack (uvicorn + Starlette) returning a canned reply
 
-Targets: p50 overhead < 2 ms over HTTP; >= 1000 calls/s at 64 concurrent clients (2 cores).
+    python bench/gateway_overhead.py                     # the table (about a minute)
+    python bench/gateway_overhead.py --levels 1,64 --scale 2
+
+Targets (2 cores): p50 added latency < 2 ms over HTTP at 1 episode; >= 1000 calls/s at 64 over
+HTTP. Client and server share the machine's cores, so calls/s is what this Python client gets; the
+`server us/call` column is the gateway process's own CPU per call (its capacity is 1e6 / that, per core).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a fact up.",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
@@ -31,26 +39,40 @@ CANNED = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "c
         "role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "lookup", "arguments": '{"q": "capital of France"}'}}]}}],
     "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
+TURNS = 3
+KEYS_PER_SERVER = 8000
+LEVELS = (1, 16, 64, 256)
+LOAD_AT_START = 0.0
 
 
-# -- servers (each in its own process) -------------------------------------------------------------------
-async def serve_gateway(keys: int) -> None:
+def instant_engine():
+    """The engine every mode uses: answers every prompt at once with the same tool call."""
     from agenttune.engines.scripted import ScriptedEngine
+    from agenttune.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    reply_ids = tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return ScriptedEngine(tokenizer=tokenizer, responder=lambda prompt, sampling: reply_ids)
+
+
+def gateway_for(engine):
     from agenttune.gateway import Gateway
     from agenttune.testing import tiny_tokenizer
     from agenttune.testing.gateways import tiny_config
 
-    tokenizer = tiny_tokenizer()
-    reply_ids = tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id]
-    engine = ScriptedEngine(responder=lambda prompt, sampling: reply_ids)
-    gateway = Gateway(engine, tokenizer, tiny_config(model={"max_model_len": 32768}))
+    return Gateway(engine, tiny_tokenizer(), tiny_config(model={"max_model_len": 32768}))
+
+
+# -- servers in their own process ----------------------------------------------------------------------
+async def serve_gateway() -> None:
+    gateway = gateway_for(instant_engine())
     await gateway.start()
-    channels = [gateway.open_episode(f"e{i}") for i in range(keys)]
-    print(json.dumps({"url": gateway.base_url, "keys": [channel.key for channel in channels]}), flush=True)
+    keys = [gateway.open_episode(f"e{i}").key for i in range(KEYS_PER_SERVER)]
+    print(json.dumps({"url": gateway.base_url, "keys": keys}), flush=True)
     await asyncio.Event().wait()
 
 
-async def serve_baseline() -> None:
+async def serve_bare() -> None:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -70,99 +92,201 @@ async def serve_baseline() -> None:
     while not server.started:
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    print(json.dumps({"url": f"http://127.0.0.1:{port}/v1", "keys": ["none"] * 10000}), flush=True)
+    print(json.dumps({"url": f"http://127.0.0.1:{port}/v1", "keys": ["none"] * KEYS_PER_SERVER}), flush=True)
     await task
 
 
-# -- the load generator ---------------------------------------------------------------------------------------
-async def conversation(client, url: str, key: str, latencies: list[float]) -> None:
-    messages = [{"role": "system", "content": "You answer questions with the lookup tool."},
-                {"role": "user", "content": "What is the capital of France? Use the tool, then answer."}]
-    headers = {"Authorization": f"Bearer {key}"}
-    for turn in range(3):
+class ServerProcess:
+    def __init__(self, kind: str):
+        self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE,
+                                        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        info = json.loads(self.process.stdout.readline())
+        self.url, self.keys = info["url"], iter(info["keys"])
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process (Linux)."""
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait()
+
+
+# -- one episode: a 3-call tool conversation -----------------------------------------------------------
+Post = Callable[[dict], Awaitable[dict]]
+
+
+def first_messages(index: int) -> list[dict]:
+    return [{"role": "system", "content": "You answer questions with the lookup tool."},
+            {"role": "user", "content": f"What is the capital of France? (episode {index})"}]
+
+
+async def conversation(post: Post, index: int, latencies: list[float]) -> None:
+    messages = first_messages(index)
+    for turn in range(TURNS):
         started = time.perf_counter()
-        response = await client.post(f"{url}/chat/completions", json={"model": "m", "messages": messages,
-                                                                        "tools": TOOLS}, headers=headers)
+        reply = await post({"model": "m", "messages": messages, "tools": TOOLS})
         latencies.append(time.perf_counter() - started)
-        assert response.status_code == 200, response.text
-        message = response.json()["choices"][0]["message"]
+        message = reply["choices"][0]["message"]
         messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
                                "content": f"Paris (lookup {turn})"}]
 
 
-async def measure(url: str, keys: list[str], *, concurrency: int,
-                  seconds: float) -> tuple[list[float], float, int]:
+@dataclass
+class Result:
+    latencies: list[float]
+    calls_per_s: float
+    client_us_per_call: float  # CPU of this process per call (for in-process: clients + gateway)
+    server_us_per_call: float | None = None  # CPU of the server process per call (HTTP modes)
+
+    def percentile(self, q: int) -> float:
+        return statistics.quantiles(self.latencies, n=100)[q - 1] * 1000
+
+
+async def drive(episode: Callable[[int, list[float]], Awaitable[None]], concurrency: int,
+                episodes: int) -> Result:
+    """Run `episodes` episodes, `concurrency` at a time; latency of every call, calls per second."""
+    latencies: list[float] = []
+    counter = iter(range(episodes))
+
+    async def worker() -> None:
+        for index in counter:
+            await episode(index, latencies)
+
+    started, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return Result(latencies, len(latencies) / elapsed, cpu / len(latencies) * 1e6)
+
+
+# -- the modes -------------------------------------------------------------------------------------------
+async def run_direct(concurrency: int, episodes: int) -> Result:
+    from agenttune.engine import SamplingParams
+    from agenttune.gateway.rendering import ChatRenderer
+    from agenttune.testing import tiny_tokenizer
+
+    engine, renderer, sampling = instant_engine(), ChatRenderer(tiny_tokenizer()), SamplingParams(max_tokens=512)
+    prompts = [renderer.encode(renderer.render(first_messages(0), TOOLS, add_generation_prompt=True))] * TURNS
+
+    async def episode(index: int, latencies: list[float]) -> None:
+        for prompt in prompts:
+            started = time.perf_counter()
+            await engine.generate(prompt, sampling)
+            latencies.append(time.perf_counter() - started)
+
+    await drive(episode, concurrency, 20)
+    return await drive(episode, concurrency, episodes)
+
+
+async def run_in_process(concurrency: int, episodes: int) -> Result:
+    import httpx
+
+    gateway = gateway_for(instant_engine())
+    gateway.loop = asyncio.get_running_loop()  # no HTTP server: the transport calls the handler
+    # One client for every episode, as in the HTTP mode: the transport is the gateway's, the key routes.
+    async with httpx.AsyncClient(transport=gateway.open_episode("warm").async_transport(),
+                                 base_url="http://gateway") as client:
+        async def episode(index: int, latencies: list[float]) -> None:
+            channel = gateway.open_episode(f"e{index}")
+            headers = {"Authorization": f"Bearer {channel.key}"}
+
+            async def post(body: dict) -> dict:
+                response = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert response.status_code == 200, response.text
+                return response.json()
+
+            await conversation(post, index, latencies)
+            gateway.close_episode(channel)
+
+        await drive(episode, concurrency, 20)
+        return await drive(episode, concurrency, episodes)
+
+
+async def run_http(server: ServerProcess, concurrency: int, episodes: int) -> Result:
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        sequential: list[float] = []
-        for index in range(150):  # latency: one client, one call at a time
-            await conversation(client, url, keys[index % len(keys)], sequential)
-        calls: list[float] = []
-        deadline = time.perf_counter() + seconds
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        async def episode(index: int, latencies: list[float]) -> None:
+            headers = {"Authorization": f"Bearer {next(server.keys)}"}
 
-        async def worker(index: int) -> None:
-            round_ = 0
-            while time.perf_counter() < deadline:
-                await conversation(client, url, keys[(index * 997 + round_) % len(keys)], calls)
-                round_ += 1
+            async def post(body: dict) -> dict:
+                response = await client.post(f"{server.url}/chat/completions", json=body, headers=headers)
+                assert response.status_code == 200, response.text
+                return response.json()
 
-        started = time.perf_counter()
-        await asyncio.gather(*[worker(i) for i in range(concurrency)])
-        return sequential[30:], len(calls) / (time.perf_counter() - started), len(sequential) + len(calls)
+            await conversation(post, index, latencies)
 
-
-def start_server(kind: str) -> tuple[subprocess.Popen, dict]:
-    process = subprocess.Popen([sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return process, json.loads(process.stdout.readline())
+        await drive(episode, concurrency, 20)
+        cpu_before = server.cpu_seconds()
+        result = await drive(episode, concurrency, episodes)
+        result.server_us_per_call = (server.cpu_seconds() - cpu_before) / len(result.latencies) * 1e6
+        return result
 
 
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100)[int(q) - 1] * 1000
-
-
+# -- the table ------------------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve", choices=["gateway", "baseline"])
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--serve", choices=["gateway", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="Concurrent episodes, comma-separated.")
+    parser.add_argument("--scale", type=float, default=1.0, help="Multiply the episodes run per level.")
     args = parser.parse_args()
-    if args.serve == "gateway":
-        return asyncio.run(serve_gateway(keys=4000))
-    if args.serve == "baseline":
-        return asyncio.run(serve_baseline())
-    results = {}
-    for kind in ("baseline", "gateway"):
-        process, info = start_server(kind)
+    if args.serve:
+        return asyncio.run(serve_gateway() if args.serve == "gateway" else serve_bare())
+    global LOAD_AT_START
+    LOAD_AT_START = os.getloadavg()[0]
+    levels = [int(level) for level in args.levels.split(",")]
+    episodes = {level: int(max(150, 3 * level) * args.scale) for level in levels}
+    results: dict[tuple[str, int], Result] = {}
+    for level in levels:
+        results["direct", level] = asyncio.run(run_direct(level, episodes[level]))
+        results["in-process", level] = asyncio.run(run_in_process(level, episodes[level]))
+    for mode, kind in (("http", "gateway"), ("bare-http", "bare")):
+        server = ServerProcess(kind)  # a fresh server per mode; keys are never reused
         try:
-            cpu_before = cpu_seconds(process.pid)
-            latencies, rate, calls = asyncio.run(measure(info["url"], info["keys"], concurrency=args.concurrency,
-                                                         seconds=args.seconds))
-            cpu_per_call = (cpu_seconds(process.pid) - cpu_before) / calls
+            for level in levels:
+                results[mode, level] = asyncio.run(run_http(server, level, episodes[level]))
         finally:
-            process.terminate()
-            process.wait()
-        results[kind] = (percentile(latencies, 50), percentile(latencies, 90), rate, cpu_per_call)
-        print(f"{kind:9s} p50 {results[kind][0]:6.2f} ms   p90 {results[kind][1]:6.2f} ms   "
-              f"{rate:7.0f} calls/s at {args.concurrency} concurrent   server CPU {cpu_per_call * 1e6:6.0f} us/call "
-              f"(= {1 / cpu_per_call:5.0f} calls/s per core)")
-    base, gate = results["baseline"], results["gateway"]
-    print(f"gateway overhead over the bare HTTP stack: p50 +{gate[0] - base[0]:.2f} ms "
-          f"(ratio {gate[0] / base[0]:.2f}x); throughput ratio {gate[2] / base[2]:.2f}x; "
-          f"server CPU ratio {gate[3] / base[3]:.2f}x")
-    print(f"targets: p50 overhead < 2 ms: {'met' if gate[0] - base[0] < 2 else 'NOT met'}; "
-          f">= 1000 calls/s: {'met' if gate[2] >= 1000 else 'NOT met'} measured with this Python client "
-          f"({os.cpu_count()} cores shared by client and server); the server alone needs "
-          f"{gate[3] * 1e6:.0f} us CPU per call")
+            server.close()
+    print_table(results, levels)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def print_table(results: dict[tuple[str, int], Result], levels: list[int]) -> None:
+    print(f"{TURNS}-call tool conversations, one episode key each; instant engine; {os.cpu_count()} cores "
+          f"shared by clients and server; load average {os.getloadavg()[0]:.1f} (from {LOAD_AT_START:.1f})")
+    print(f"{'mode':11s} {'episodes':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'added p50':>10s} {'added p99':>10s} "
+          f"{'calls/s':>9s} {'client us/call':>15s} {'server us/call':>15s}")
+    for mode in ("direct", "in-process", "http", "bare-http"):
+        for level in levels:
+            result, floor = results[mode, level], results["direct", level]
+            server = f"{result.server_us_per_call:15.0f}" if result.server_us_per_call else f"{'':15s}"
+            print(f"{mode:11s} {level:8d} {result.percentile(50):8.3f} {result.percentile(99):8.3f} "
+                  f"{result.percentile(50) - floor.percentile(50):10.3f} "
+                  f"{result.percentile(99) - floor.percentile(99):10.3f} {result.calls_per_s:9.0f} "
+                  f"{result.client_us_per_call:15.0f} {server}")
+    print()
+    print("CPU per call does not depend on how busy the machine is; wall-clock columns do. With a core each for")
+    print("client and server, HTTP calls/s would be about 1e6 / max(client, server us/call):")
+    for level in levels:
+        http, bare = results["http", level], results["bare-http", level]
+        print(f"  at {level:3d}: gateway {1e6 / max(http.client_us_per_call, http.server_us_per_call):6.0f} calls/s, "
+              f"bare HTTP stack {1e6 / max(bare.client_us_per_call, bare.server_us_per_call):6.0f}; "
+              f"gateway server CPU {http.server_us_per_call - bare.server_us_per_call:4.0f} us/call above the bare stack")
+    print()
+    for level in levels:
+        http, bare, inproc = results["http", level], results["bare-http", level], results["in-process", level]
+        print(f"at {level:3d}: http/bare-http p50 ratio {http.percentile(50) / bare.percentile(50):5.2f}, "
+              f"calls/s ratio {http.calls_per_s / bare.calls_per_s:4.2f}; in-process/http calls/s ratio "
+              f"{inproc.calls_per_s / http.calls_per_s:4.2f}")
+    if 1 in levels:
+        added = results["http", 1].percentile(50) - results["direct", 1].percentile(50)
+        print(f"target p50 added latency over HTTP < 2 ms at 1 episode: {added:.2f} ms -> "
+              f"{'met' if added < 2 else 'NOT met'}")
+    if 64 in levels:
+        rate = results["http", 64].calls_per_s
+        print(f"target >= 1000 calls/s over HTTP at 64 episodes: {rate:.0f} -> {'met' if rate >= 1000 else 'NOT met'}")
 
 
 if __name__ == "__main__":

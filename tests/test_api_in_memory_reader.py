@@ -21,7 +21,8 @@ def reader(**options) -> InMemoryTaskReader:
     return InMemoryTaskReader(InMemoryTaskReader.Options(**options))
 
 
-def test_a_yaml_config_names_rows_in_a_module(tmp_path, write_yaml):
+def test_a_yaml_config_names_rows_in_a_module(tmp_path, write_yaml, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # modules are found from the current directory, as data files are
     module = f"rows_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(
         "import datasets\n"

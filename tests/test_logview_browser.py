@@ -18,6 +18,8 @@ from logview_runs import IMG, SCRIPT, logprob, viewer, write_run, write_step
 from agenttune.rollout_log import read_records
 
 pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
+expect = sync_api.expect
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 TRAIN_1 = "step 1 · train"
@@ -36,7 +38,6 @@ def chromium_path() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
     executable = chromium_path()
     if executable is None:
         pytest.skip("Chromium is not installed (apt-get install chromium, or set AGENTTUNE_CHROMIUM)")
@@ -46,12 +47,17 @@ def browser():
         browser.close()
 
 
-@pytest.fixture
-def page(browser):
-    page = browser.new_page(viewport={"width": 1600, "height": 950})
+def new_page(browser, **options):
+    page = browser.new_page(viewport={"width": 1600, "height": 950}, **options)
     page.problems = []
     page.on("pageerror", lambda error: page.problems.append(str(error)))
     page.on("console", lambda message: message.type == "error" and page.problems.append(message.text))
+    return page
+
+
+@pytest.fixture
+def page(browser):
+    page = new_page(browser)
     yield page
     page.close()
 
@@ -85,6 +91,7 @@ def test_open_a_run_click_a_step_an_episode_and_hover_a_token(page, url, run_dir
     record = list(read_records(run_dir / "rollouts" / "step_000001_train.jsonl"))[0]
     [sample] = record.samples
     open_episode(page, url, TRAIN_1, 0)
+    expect(page.locator(".chart svg")).to_have_count(2, timeout=2_000)  # at once, not at the next poll
     assert page.inner_text("#episode-header .title").startswith(record.task.task_id)
     assert page.locator("#tab-conversation .msg").count() == len(record.messages)
     assert "calculator" in page.inner_text("#tab-conversation .tool-call")
@@ -115,12 +122,15 @@ def test_open_a_run_click_a_step_an_episode_and_hover_a_token(page, url, run_dir
 
     context = page.locator("#tab-tokens .sample .tok.ctx").first
     context.hover()
-    page.wait_for_function("document.querySelector('#tooltip [data-key=kind] .value').textContent.includes('context')")
+    expect(tooltip.locator("[data-key=kind] .value")).to_contain_text("context")
     assert "not sampled" in tooltip.locator("[data-key=logprob] .value").inner_text()
     assert page.problems == []
 
 
-def test_model_text_is_shown_as_text_and_never_runs(page, url):
+@pytest.mark.parametrize("csp", [True, False], ids=["with-csp", "without-csp"])
+def test_model_text_is_shown_as_text_and_never_runs(browser, url, csp):
+    """Model text never runs, also where the Content-Security-Policy is not enforced: it is never HTML."""
+    page = new_page(browser, bypass_csp=not csp)
     open_episode(page, url, TRAIN_1, 5)
     answer = page.locator("#tab-conversation .msg.assistant .msg-body").last.inner_text()
     assert SCRIPT in answer and IMG in answer
@@ -130,7 +140,15 @@ def test_model_text_is_shown_as_text_and_never_runs(page, url):
     page.get_by_role("tab", name="Tokens").click()
     assert "<script>" in page.inner_text("#tab-tokens .sample")
     assert page.evaluate("window.__pwned") is None
-    screenshot(page, "logview-escaping.png")
+    screenshot(page, f"logview-escaping-{'csp' if csp else 'no-csp'}.png")
+    page.close()
+
+
+def test_the_page_refuses_inline_scripts(page, url):
+    page.goto(url)
+    with pytest.raises(sync_api.Error):
+        page.add_script_tag(content="window.__inline = 1")  # what an injected <script> would be
+    assert page.evaluate("window.__inline") is None
 
 
 def test_filter_search_and_sort_the_episode_table(page, url):
@@ -140,25 +158,25 @@ def test_filter_search_and_sort_the_episode_table(page, url):
     rows.first.wait_for()
     assert rows.count() == 6
     page.fill("#search", "What is 4 * 7")
-    page.wait_for_function("document.querySelectorAll('#episodes tbody tr[data-index]').length === 1")
+    expect(rows).to_have_count(1)
     assert rows.first.get_attribute("data-index") == "4"
     page.fill("#search", "")
-    page.wait_for_function("document.querySelectorAll('#episodes tbody tr[data-index]').length === 6")
+    expect(rows).to_have_count(6)
     page.select_option("#status-filter", "timeout")
-    page.wait_for_function("document.querySelectorAll('#episodes tbody tr[data-index]').length === 1")
+    expect(rows).to_have_count(1)
     assert "timeout" in rows.first.inner_text()
     page.select_option("#status-filter", "")
     page.fill("#min-reward", "1")
     page.press("#min-reward", "Enter")
-    page.wait_for_function("document.querySelectorAll('#episodes tbody tr[data-index]').length === 3")
+    expect(rows).to_have_count(3)
     page.fill("#min-reward", "")
     page.press("#min-reward", "Enter")
-    page.wait_for_function("document.querySelectorAll('#episodes tbody tr[data-index]').length === 6")
+    expect(rows).to_have_count(6)
     reward_header = page.locator("#episodes th[data-sort=reward]")
     reward_header.click()
     reward_header.click()
     page.wait_for_selector("#episodes th.sorted-desc[data-sort=reward]")
-    page.wait_for_function("document.querySelector('#episodes tbody td:nth-child(5)').textContent === '1'")
+    expect(page.locator("#episodes tbody td:nth-child(5)").first).to_have_text("1")
     rewards = [float(text) for text in page.locator("#episodes tbody td:nth-child(5)").all_inner_texts()]
     assert rewards == sorted(rewards, reverse=True)
     assert page.problems == []
@@ -172,9 +190,7 @@ def test_charts_and_steps_update_while_training_runs(page, tmp_path):
         points = page.locator(".chart[data-title='Success / accuracy'] circle")
         assert points.count() == 2  # train success and validation accuracy at step 1
         write_step(run, 2)  # the next step lands while the page is open
-        page.wait_for_function(
-            "document.querySelectorAll(\".chart[data-title='Success / accuracy'] circle\").length === 4",
-            timeout=15_000)
+        expect(points).to_have_count(4, timeout=15_000)
         page.get_by_role("button", name="step 2 · validation").wait_for(timeout=15_000)
         legend = page.inner_text(".chart[data-title='Success / accuracy'] .legend")
         assert "validation accuracy 50.0%" in legend
@@ -190,11 +206,10 @@ def test_a_step_with_thousands_of_episodes_opens_a_page_at_a_time(page, tmp_path
     with viewer(run) as (url, _):
         page.goto(url)
         page.get_by_role("button", name=TRAIN_1).click()
-        page.wait_for_function("document.getElementById('page-info').textContent.includes('2,400')")
+        expect(page.locator("#page-info")).to_have_text("1–100 of 2,400")
         assert page.locator("#episodes tbody tr[data-index]").count() == 100
-        assert page.inner_text("#page-info") == "1–100 of 2,400"
         page.click("#next")
-        page.wait_for_function("document.getElementById('page-info').textContent.startsWith('101–200')")
+        expect(page.locator("#page-info")).to_have_text("101–200 of 2,400")
         page.locator("#episodes tbody tr[data-index='150']").click()
         page.wait_for_selector("#episode-header .title")
         assert page.inner_text("#episode-header .title").startswith("arith-0")  # line 150 = episode 0 again

@@ -44,6 +44,7 @@ class ScriptedEngine(InferenceEngine):
         self.responder = responder
         self.cycle = cycle
         self.delay = delay
+        self._eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.prompts: list[list[int]] = []
         self.samplings: list[SamplingParams] = []
         self._next = 0
@@ -79,18 +80,12 @@ class ScriptedEngine(InferenceEngine):
     def _finish(self, ids: list[int], sampling: SamplingParams) -> Generation:
         """Apply what a real engine would: stop tokens, stop strings, the token budget."""
         stop_ids = set(sampling.stop_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            stop_ids.add(self.tokenizer.eos_token_id)
+        if self._eos is not None:
+            stop_ids.add(self._eos)
         stop_strings = StopStrings(self.tokenizer, sampling.stop) if self.tokenizer is not None else None
-        kept: list[int] = []
-        finish = "length"
-        for token in ids:
-            if len(kept) >= sampling.max_tokens:
-                break
-            kept.append(token)
-            if token in stop_ids or (stop_strings and stop_strings.hit(kept)):
-                finish = "stop"
-                break
-        else:
-            finish = "stop" if len(kept) < sampling.max_tokens or (kept and kept[-1] in stop_ids) else "length"
-        return Generation(kept, [scripted_logprob(token) for token in kept], finish)
+        end = next((at + 1 for at, token in enumerate(ids) if token in stop_ids), len(ids))
+        if stop_strings:
+            end = next((at for at in range(1, end + 1) if stop_strings.hit(ids[:at])), end)
+        kept = ids[: min(end, sampling.max_tokens)]
+        stopped = len(kept) == end and (end < len(ids) or len(kept) < sampling.max_tokens or kept[-1] in stop_ids)
+        return Generation(kept, [scripted_logprob(token) for token in kept], "stop" if stopped else "length")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from agenttune.engine import Generation, InferenceEngine, SamplingParams
@@ -66,8 +67,11 @@ class ChatCompletions:
         # The episode decides temperature/top_p/top_k (training samples from the policy it trains);
         # the request may ask for fewer tokens and for stop strings.
         max_tokens = min(request.max_tokens or base.max_tokens, base.max_tokens)
-        return replace(base, max_tokens=max_tokens, stop=request.stop or base.stop,
-                       stop_token_ids=base.stop_token_ids + self.stop_token_ids)
+        return self._request_sampling(base, max_tokens, request.stop or base.stop)
+
+    @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run
+    def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
+        return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids)
 
     def _check_fits(self, channel: EpisodeChannel, prompt: Prompt, sampling: SamplingParams) -> None:
         needed = len(prompt.ids) + sampling.max_tokens

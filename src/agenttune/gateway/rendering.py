@@ -9,6 +9,7 @@ messages and the next generation prompt.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from functools import lru_cache
@@ -43,7 +44,7 @@ class ChatRenderer:
         template = self._templates.get("tool_use" if tools and "tool_use" in self._templates else "default")
         try:
             return template.render(
-                messages=[_with_thinking_alias(message) for message in messages], tools=tools or None,
+                messages=[_for_template(message) for message in messages], tools=tools or None,
                 documents=None, add_generation_prompt=add_generation_prompt,
                 **self._globals, **(template_kwargs or {}),
             )
@@ -125,11 +126,23 @@ def _special_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _with_thinking_alias(message: dict[str, Any]) -> dict[str, Any]:
-    # Some templates (gpt-oss) read reasoning as `thinking`; transformers passes both names.
-    if "reasoning_content" in message:
-        return {"thinking": message["reasoning_content"], **message}
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates expect it (and as vLLM hands it to them)."""
+    if "reasoning_content" in message:  # some templates (gpt-oss) read reasoning as `thinking`
+        message = {"thinking": message["reasoning_content"], **message}
+    if "tool_calls" in message:  # templates expect arguments as objects, not JSON strings
+        message = {**message, "tool_calls": [_arguments_as_object(call) for call in message["tool_calls"]]}
     return message
+
+
+def _arguments_as_object(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call["function"]["arguments"])
+    except (ValueError, TypeError):
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**call["function"], "arguments": arguments}}
 
 
 def _templates(tokenizer: Any) -> dict[str, Any]:
@@ -161,8 +174,6 @@ def _generation_tag() -> type:
 
 def _compile(source: str) -> Any:
     """Compile like transformers' apply_chat_template: sandboxed, trimmed blocks, its tojson."""
-    import json
-
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -74,7 +74,7 @@ class Gateway:
         if self._server is not None:
             return self
         settings = self.config.gateway
-        self._server = _EmbeddedServer(uvicorn.Config(
+        self._server = _embedded_server(uvicorn.Config(
             build_app(self), host=settings.host, port=settings.port, log_level="warning", access_log=False,
             lifespan="off", timeout_keep_alive=30))
         self._serving = asyncio.create_task(self._server.serve(), name="agenttune-gateway")
@@ -209,26 +209,26 @@ def _json(body: bytes) -> Any:
 
 
 def build_app(gateway: Gateway) -> Any:
-    """The Starlette app: every path goes to `gateway.handle`."""
-    from starlette.applications import Starlette
+    """The ASGI app: every HTTP request goes to `gateway.handle` (Starlette's request and response,
+    without a router or middleware: the gateway routes itself, and never lets an error escape)."""
     from starlette.requests import Request
     from starlette.responses import Response
-    from starlette.routing import Route
 
-    async def endpoint(request: Request) -> Response:
-        reply = await gateway.handle(request.method, request.url.path, request.headers, await request.body())
-        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan and websockets: nothing to do
+            return
+        request = Request(scope, receive)
+        reply = await gateway.handle(request.method, scope["path"], request.headers, await request.body())
+        await Response(reply.body, status_code=reply.status, media_type=reply.content_type)(scope, receive, send)
 
-    methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
+    return app
 
 
-def _embedded_server_class() -> type:
+def _embedded_server(config: Any) -> Any:
+    """A uvicorn server without its signal handlers: Ctrl-C belongs to the program that embeds the gateway."""
     import uvicorn
 
     class EmbeddedServer(uvicorn.Server):
-        """uvicorn without its signal handlers: Ctrl-C belongs to the program that embeds the gateway."""
-
         @contextlib.contextmanager
         def capture_signals(self):
             yield
@@ -236,8 +236,4 @@ def _embedded_server_class() -> type:
         def install_signal_handlers(self) -> None:
             pass
 
-    return EmbeddedServer
-
-
-def _EmbeddedServer(config: Any) -> Any:  # noqa: N802 - reads like the class it builds
-    return _embedded_server_class()(config)
+    return EmbeddedServer(config)

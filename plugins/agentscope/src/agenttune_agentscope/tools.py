@@ -29,22 +29,14 @@ async def execute_python_code(code: str) -> Any:
     return ToolResponse(content=[TextBlock(type="text", text=run.as_text())])
 
 
-
 def python_tool(limits: PythonLimits = PythonLimits(), name: str = "execute_python_code") -> Any:
     """The same tool for AgentScope 2.x: a `FunctionTool` that is allowed to run without asking."""
     from agentscope.permission import PermissionBehavior, PermissionDecision
     from agentscope.tool import FunctionTool
 
-    async def execute_python_code(code: str) -> str:
-        """Execute Python code and return its return code, standard output and standard error.
-
-        Use `print` to see results. The code runs in a fresh process with a time and memory limit.
-
-        Args:
-            code (`str`):
-                The Python code to execute.
-        """
+    async def run(code: str) -> str:
         return (await run_python(code, limits)).as_text()
 
+    run.__doc__ = execute_python_code.__doc__  # AgentScope builds the tool's schema from it
     allow = PermissionDecision(behavior=PermissionBehavior.ALLOW, message="Runs in agenttune's Python sandbox.")
-    return FunctionTool(execute_python_code, name=name, is_concurrency_safe=True, permission=allow)
+    return FunctionTool(run, name=name, is_concurrency_safe=True, permission=allow)

@@ -16,9 +16,10 @@ import pytest
 pytest.importorskip("agentscope", reason="the AppWorld example needs AgentScope (nox -s envservice installs it)")
 pytest.importorskip("agenttune_agentscope", reason="the AppWorld example needs agenttune-plugin-agentscope")
 
+from conftest import free_port, server_command  # noqa: E402
+
 from agenttune.config_loader import load_config  # noqa: E402
 from agenttune.training import train_from_config  # noqa: E402
-from conftest import free_port, server_command  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "appworld"
 

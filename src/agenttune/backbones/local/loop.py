@@ -100,6 +100,9 @@ def _read(reader: Any, split: str) -> list[Task]:
 
 def _resume_checkpoint(run: Run) -> Path | None:
     if not run.resume:
+        if checkpoints.list_checkpoints(run.checkpoints_dir) or MetricsLog(run.metrics_path).read():
+            raise UserError(f"The run directory {str(run.run_dir)!r} already holds a training run.",
+                            hint="Pass --resume to continue it, or choose a new --run-dir.")
         return None
     found = checkpoints.latest_checkpoint(run.checkpoints_dir)
     if found is None:

@@ -23,6 +23,7 @@ const state = {
   tab: "conversation",
   query: { q: "", status: "", success: "", min_reward: "", max_reward: "", sort: "index", order: "asc", offset: 0 },
   chartsJson: "",
+  episodesTicket: 0,
 };
 
 // ---------- small DOM helpers ----------
@@ -166,7 +167,7 @@ function selectStep(runId, fileId) {
   renderRuns(true);
   clearDetail();
   writeHash();
-  if (runChanged) loadCharts().catch(showError);
+  loadCharts().catch(showError); // unchanged charts are not redrawn
   loadEpisodes().catch(showError);
 }
 
@@ -182,7 +183,7 @@ async function loadCharts() {
   if (!run || !run.has_metrics) { $("charts").hidden = true; state.chartsJson = ""; return; }
   const data = await api("/api/metrics", { run: run.id });
   const json = JSON.stringify(data);
-  if (json === state.chartsJson) return;
+  if (json === state.chartsJson || run.id !== state.run) return;
   state.chartsJson = json;
   $("charts-title").textContent = `${run.name} · ${data.steps} step${data.steps === 1 ? "" : "s"} in metrics.jsonl`;
   setChildren($("chart-row"), data.charts.map(drawChart));
@@ -246,7 +247,10 @@ async function loadEpisodes() {
   const step = findStep(state.file);
   state.fileSize = step ? step.size : null;
   $("step-title").textContent = step ? (step.step === null ? step.name : `Step ${step.step} · ${step.split}`) : state.file;
+  const ticket = ++state.episodesTicket;
   const data = await api("/api/episodes", { file: state.file, limit: PAGE_SIZE, ...state.query });
+  if (ticket !== state.episodesTicket) return; // a newer request (another step, filter, page) is on its way
+  $("step-view").hidden = false;
   state.rows = data.episodes;
   renderStatusFilter(data.statuses);
   renderEpisodes(data);
@@ -537,7 +541,7 @@ function renderRecord(record) {
   const section = (title, value) => el("div", { class: "record-section" }, el("h3", {}, title),
     el("pre", {}, typeof value === "string" ? value : JSON.stringify(value, null, 2)));
   return [
-    el("dl", { class: "kv" }, facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, value ?? "—")])),
+    el("dl", { class: "kv" }, facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value ?? "—"))])),
     section("task query", task.query ?? ""),
     section("task", { task_id: task.task_id, env_type: task.env_type, metadata: task.metadata, init_messages: task.init_messages }),
     section("workflow output", record.output || {}),
@@ -589,6 +593,11 @@ async function start() {
       const owner = state.runs.find((run) => run.steps.some((step) => step.id === saved.file));
       selectStep(owner.id, saved.file);
       if (saved.episode !== null) await selectEpisode(Number(saved.episode));
+    } else if (state.runs.length === 1 && state.runs[0].steps.length) {
+      // One run (a run directory, `train --with-logview`): open its latest train step right away.
+      const steps = state.runs[0].steps;
+      const latest = [...steps].reverse().find((step) => step.split === "train") || steps[steps.length - 1];
+      selectStep(state.runs[0].id, latest.id);
     } else if (state.run) {
       renderRuns(true);
       await loadCharts();

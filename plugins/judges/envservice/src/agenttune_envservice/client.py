@@ -21,6 +21,7 @@ is retried only when the server certainly did not act on it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -45,9 +46,18 @@ class EnvServiceProtocolError(EnvServiceError):
     """The server answered, but not as the protocol says (or said `success: false`)."""
 
 
-# Servers that agenttune launched and then saw exit: base URL -> what happened. Every "unreachable"
-# error about such a server says so, which beats a bare "connection refused" by a long way.
+# Servers that agenttune launched (see launcher.py), and those it then saw exit: base URL -> what
+# happened. Every "unreachable" error about such a server says so, which beats a bare "connection
+# refused" by a long way, and calls to it fail at once instead of retrying into the void.
+_launched_servers: set[str] = set()
 _exited_servers: dict[str, str] = {}
+# How long a broken connection to a launched server waits for the launcher's watchdog to see it exit.
+EXIT_GRACE_S = 1.0
+
+
+def note_server_launched(base_url: str) -> None:
+    _launched_servers.add(base_url.rstrip("/"))
+    _exited_servers.pop(base_url.rstrip("/"), None)
 
 
 def note_server_exit(base_url: str, what: str) -> None:
@@ -55,7 +65,8 @@ def note_server_exit(base_url: str, what: str) -> None:
     _exited_servers[base_url.rstrip("/")] = what
 
 
-def forget_server_exit(base_url: str) -> None:
+def note_server_stopped(base_url: str) -> None:
+    _launched_servers.discard(base_url.rstrip("/"))
     _exited_servers.pop(base_url.rstrip("/"), None)
 
 
@@ -200,9 +211,19 @@ class EnvServiceClient:
         except _ServerGone:
             raise EnvServiceUnavailable(f"EnvService {where} at {self.base_url} was not sent{self._exit_notice()}") from None
         except httpx.TransportError as error:
+            notice = await self._exit_notice_after_break()
             raise EnvServiceUnavailable(f"EnvService {where} at {self.base_url} failed: {type(error).__name__}: "
-                                        f"{error or 'no answer'}{self._exit_notice()}") from error
+                                        f"{error or 'no answer'}{notice}") from error
         return response
+
+    async def _exit_notice_after_break(self) -> str:
+        """The exit notice of a launched server whose connection just broke (it may be dying right now)."""
+        if self.base_url in _launched_servers:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + EXIT_GRACE_S
+            while not self.server_exited and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+        return self._exit_notice()
 
     @property
     def server_exited(self) -> bool:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.errors import UserError
 from agenttune.run import get_logger
-from agenttune_envservice.client import forget_server_exit, note_server_exit
+from agenttune_envservice.client import note_server_exit, note_server_launched, note_server_stopped
 from agenttune_envservice.reader import DEFAULT_URL, URL_VARIABLE
 
 log = get_logger("envservice.launcher")
@@ -97,7 +97,7 @@ class ServerProcess:
                             hint="Check env_service.command and env_service.cwd.") from error
         log.info("starting the EnvService server", command=argv, pid=self.process.pid, log=str(self.log_path))
         self._wait_until_healthy()
-        forget_server_exit(self.url)
+        note_server_launched(self.url)
         threading.Thread(target=self._watch, daemon=True, name="agenttune-envservice-watchdog").start()
         log.info("the EnvService server is up", url=self.url)
 
@@ -142,6 +142,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 _signal_group(process, signal.SIGKILL)
                 process.wait()
+        note_server_stopped(self.url)
         if self._log_file is not None:
             self._log_file.close()
         if self.exit_code is not None:
