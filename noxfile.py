@@ -52,8 +52,9 @@ def verl(session: nox.Session) -> None:
 
 def _agentscope_session(session: nox.Session, line: str, agentscope: str) -> None:
     install_core(session, "local")  # the tests run a tiny transformers tokenizer; the example trains locally
-    # The math judge: the math_agent example's smoke test runs it.
-    session.install(CPU_TORCH, "-e", f"plugins/agentscope[{line}]", agentscope, "-e", "plugins/judges/gsm8k")
+    # The math judge runs in the math_agent example's test; the EnvService plugin in the seeds' env loop test.
+    session.install(CPU_TORCH, "-e", f"plugins/agentscope[{line}]", agentscope,
+                    "-e", "plugins/judges/gsm8k", "-e", "plugins/judges/envservice")
     session.run("pytest", "plugins/agentscope/tests", *session.posargs)
 
 

@@ -1,13 +1,21 @@
 """How well the rollout engine overlaps episodes: efficiency = ideal time / measured time.
 
-N episodes of a 4-turn tool-calling workflow (openai client through `tuner`, the in-process
-transport, the real gateway and RolloutEngine, an instant judge) against an engine that takes a fixed
-50 ms per call and serves any number of calls at once (a remote server with room to spare). With C
-episodes at a time the ideal is ceil(N / C) waves x 4 turns x 50 ms; anything above that is the
-gateway's and the rollout engine's bookkeeping, or episodes waiting on each other.
+N episodes of a 4-turn tool-calling workflow (through `tuner`, the in-process transport, the real
+gateway and RolloutEngine, an instant judge) against an engine that takes a fixed 50 ms per call and
+serves any number of calls at once (a remote server with room to spare). With C episodes at a time
+the ideal is ceil(N / C) waves x 4 turns x 50 ms; anything above that is CPU spent per call (the
+agent's client library, the gateway, the rollout engine) or episodes waiting on each other.
 
-    python bench/rollout_concurrency.py                        # C = 1, 16, 64, 128, 256; async and sync workflows
-    python bench/rollout_concurrency.py --levels 128 --waves 8
+Three workflows, the same conversation:
+    httpx         raw JSON with httpx on `tuner.channel.async_transport()`: agenttune's own cost
+    openai-async  `tuner.as_async_openai_client()`, what most agents use
+    openai-sync   `tuner.as_openai_client()` in a sync workflow (one thread per episode)
+
+Before the table it measures, side by side, the CPU one call costs in each client library (against a
+canned in-memory reply) and in the gateway, which bounds calls/s on the one core an event loop has.
+
+    python bench/rollout_concurrency.py                        # C = 1, 16, 64, 128, 256, every workflow
+    python bench/rollout_concurrency.py --levels 128 --workflows httpx --waves 8
 
 Target: efficiency >= 0.9 at C = 128 (2 cores).
 """
@@ -42,6 +50,21 @@ def tool_result(message, turn: int) -> dict:
     return {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"Paris ({turn})"}
 
 
+class HttpxAgent(Workflow):
+    async def execute(self, task, tuner):
+        import httpx
+
+        headers, messages = {"Authorization": f"Bearer {tuner.api_key}"}, turn_messages(task)
+        async with httpx.AsyncClient(transport=tuner.channel.async_transport(), base_url="http://gateway") as client:
+            for turn in range(TURNS):
+                response = await client.post("/v1/chat/completions", headers=headers,
+                                             json={"model": "m", "messages": messages, "tools": TOOLS})
+                message = response.json()["choices"][0]["message"]
+                messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                                       "content": f"Paris ({turn})"}]
+        return WorkflowOutput(metadata={"turns": TURNS})
+
+
 class AsyncAgent(Workflow):
     async def execute(self, task, tuner):
         client, messages = tuner.as_async_openai_client(), turn_messages(task)
@@ -58,6 +81,9 @@ class SyncAgent(Workflow):
             message = client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message
             messages += [message.model_dump(exclude_none=True), tool_result(message, turn)]
         return WorkflowOutput(metadata={"turns": TURNS})
+
+
+WORKFLOWS = {"httpx": HttpxAgent, "openai-async": AsyncAgent, "openai-sync": SyncAgent}
 
 
 class InstantJudge(Judge):
@@ -86,16 +112,106 @@ async def measure(workflow: type[Workflow], concurrency: int, episodes: int) -> 
     return elapsed, math.ceil(episodes / concurrency) * TURNS * LATENCY_S
 
 
+# -- CPU per call, side by side -------------------------------------------------------------------------------
+def conversation_at(turn: int) -> list[dict]:
+    """The messages of the conversation's `turn`-th call (0-based)."""
+    messages = turn_messages(Task(task_id="t", query="What is the capital of France?"))
+    for index in range(turn):
+        call = {"id": f"call_{index}", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "France"}'}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": f"Paris ({index})"}]
+    return messages
+
+
+def cpu_per_call(call, repeats: int = 200) -> float:
+    """Microseconds of CPU per `call()` (an awaitable factory), after a warm-up."""
+    async def run() -> float:
+        for _ in range(20):
+            await call()
+        started = time.process_time()
+        for _ in range(repeats):
+            await call()
+        return (time.process_time() - started) / repeats * 1e6
+
+    return asyncio.run(run())
+
+
+def print_call_costs() -> None:
+    import httpx
+    import openai
+
+    canned = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}}]}
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=canned))
+    messages = conversation_at(TURNS - 1)  # the longest call of the conversation
+    raw = httpx.AsyncClient(transport=transport, base_url="http://x")
+    async_sdk = openai.AsyncOpenAI(base_url="http://x/v1", api_key="k", max_retries=0,
+                                   http_client=httpx.AsyncClient(transport=transport))
+    sync_sdk = openai.OpenAI(base_url="http://x/v1", api_key="k", max_retries=0,
+                             http_client=httpx.Client(transport=transport))
+
+    async def sync_call():
+        sync_sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+
+    costs = {
+        "httpx": cpu_per_call(lambda: raw.post("/v1/chat/completions", json={"model": "m", "messages": messages,
+                                                                              "tools": TOOLS})),
+        "openai-async": cpu_per_call(lambda: async_sdk.chat.completions.create(model="m", messages=messages,
+                                                                                tools=TOOLS)),
+        "openai-sync": cpu_per_call(sync_call),
+    }
+    gateway = gateway_cpu_per_call()
+    needed = 128 * TURNS / (TURNS * LATENCY_S)  # calls/s that keep 128 episodes busy
+    print(f"CPU per call (the conversation's last call, {len(messages)} messages): gateway {gateway:.0f} us; client "
+          + ", ".join(f"{name} {cost:.0f} us" for name, cost in costs.items()))
+    print(f"C=128 needs {needed:.0f} calls/s; one core gives at most 1e6 / (client + gateway) calls/s: "
+          + ", ".join(f"{name} {1e6 / (cost + gateway):.0f}" for name, cost in costs.items()))
+    print()
+
+
+def gateway_cpu_per_call() -> float:
+    """The gateway's own CPU per call (its request handler, no transport), over whole conversations."""
+    import json
+
+    tokenizer = tiny_tokenizer()
+    reply = tokenizer.encode(TOOL_CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine = ScriptedEngine(tokenizer=tokenizer, responder=lambda prompt, sampling: reply)
+
+    async def run() -> float:
+        async with running_gateway(engine, config=tiny_config(model={"max_model_len": 8192}), http=False) as gateway:
+            async def conversation(index: int) -> None:
+                channel = gateway.open_episode(f"e{index}")
+                headers, messages = {"authorization": f"Bearer {channel.key}"}, conversation_at(0)
+                for turn in range(TURNS):
+                    body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode()
+                    message = json.loads((await gateway.handle("POST", "/v1/chat/completions", headers, body)).body)
+                    message = message["choices"][0]["message"]
+                    messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                                           "content": f"Paris ({turn})"}]
+                gateway.close_episode(channel)
+
+            for index in range(10):
+                await conversation(index)
+            started = time.process_time()
+            for index in range(100):
+                await conversation(index)
+            return (time.process_time() - started) / (100 * TURNS) * 1e6
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,16,64,128,256", help="Concurrent episodes, comma-separated.")
     parser.add_argument("--waves", type=int, default=4, help="Episodes = waves x concurrency (at least 8).")
-    parser.add_argument("--workflows", default="async,sync", help="async, sync or both.")
+    parser.add_argument("--workflows", default=",".join(WORKFLOWS), help="Comma-separated: " + ", ".join(WORKFLOWS))
     args = parser.parse_args()
-    workflows = {"async": AsyncAgent, "sync": SyncAgent}
+    workflows = WORKFLOWS
     print(f"{TURNS}-turn tool conversations, engine latency {LATENCY_S * 1000:.0f} ms per call, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'workflow':8s} {'C':>5s} {'episodes':>9s} {'ideal s':>8s} {'measured s':>11s} {'efficiency':>11s} "
+    print_call_costs()
+    print(f"{'workflow':12s} {'C':>5s} {'episodes':>9s} {'ideal s':>8s} {'measured s':>11s} {'efficiency':>11s} "
           f"{'calls/s':>8s}")
     efficiencies = {}
     for name in args.workflows.split(","):
@@ -103,7 +219,7 @@ def main() -> None:
             episodes = max(8, args.waves * level)
             measured, ideal = asyncio.run(measure(workflows[name], level, episodes))
             efficiencies[name, level] = ideal / measured
-            print(f"{name:8s} {level:5d} {episodes:9d} {ideal:8.2f} {measured:11.2f} {ideal / measured:11.3f} "
+            print(f"{name:12s} {level:5d} {episodes:9d} {ideal:8.2f} {measured:11.2f} {ideal / measured:11.3f} "
                   f"{episodes * TURNS / measured:8.0f}")
     for name in args.workflows.split(","):
         if (name, 128) in efficiencies:

@@ -298,6 +298,24 @@ async def test_concurrent_calls_of_one_agent_do_not_corrupt_samples(tokenizer):
         assert sample.prompt_ids == prompt
 
 
+async def test_overlapping_continuations_extend_once_and_count_the_other(tokenizer):
+    """An agent that forks: two calls continue the same reply at once. The first continues the
+    sample; the second (started while the first ran) becomes its own sample."""
+    engine = ScriptedEngine(["Hi.", "Fork A.", "Fork B."], tokenizer=tokenizer, delay=0.05)
+    async with running_gateway(engine, http=False) as gateway:
+        channel = gateway.open_episode("e1")
+        client = client_for(channel)
+        messages = [{"role": "user", "content": "Hi"}]
+        messages.append(await ask(client, messages))
+        await asyncio.gather(ask(client, [*messages, {"role": "user", "content": "A"}]),
+                             ask(client, [*messages, {"role": "user", "content": "B"}]))
+    first, second = channel.samples()
+    assert (first.num_calls, second.num_calls) == (2, 1)
+    assert channel.metrics()["merge_break/concurrent_call"] == 1
+    assert engine.prompts[1] == first.prompt_ids + first.response_ids[: len(engine.prompts[1]) - len(first.prompt_ids)]
+    assert second.prompt_ids == engine.prompts[2]
+
+
 def test_sync_client_through_the_in_process_transport_from_a_thread(tokenizer):
     engine = ScriptedEngine(["Hello from a thread."], tokenizer=tokenizer)
 

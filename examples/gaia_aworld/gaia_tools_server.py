@@ -44,9 +44,11 @@ server = FastMCP("gaia-tools", log_level="WARNING")
 
 @server.tool()
 def search(query: str) -> str:
-    """Search a small encyclopedia. Returns the facts whose topic shares words with the query."""
+    """Search a small encyclopedia. Returns the facts whose topics best match the query's words."""
     words = set(query.lower().replace("?", " ").split())
-    hits = [fact for topic, fact in FACTS.items() if words & set(topic.split())]
+    scores = {topic: len(words & set(topic.split())) for topic in FACTS}
+    best = max(scores.values())
+    hits = [FACTS[topic] for topic, score in scores.items() if score == best > 0]
     return "\n".join(hits) if hits else f"No results for {query!r}."
 
 

@@ -139,9 +139,10 @@ class HFEngine(InferenceEngine):
         while True:
             tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
             keep, finished = [], []
-            for row, request in enumerate(active):
-                request.token_ids.append(int(tokens[row]))
-                request.logprobs.append(float(logprobs[row]))
+            for row, (request, token, logprob) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(),
+                                                               strict=True)):
+                request.token_ids.append(token)
+                request.logprobs.append(logprob)
                 finish = self._finish_reason(request)
                 if finish is not None:
                     finished.append((request, finish))
@@ -228,7 +229,7 @@ def _sample(logits: Any, samplings: list[SamplingParams], generators: dict[int, 
 
     device = logits.device
     temperature = torch.tensor([s.temperature for s in samplings], device=device, dtype=logits.dtype)
-    greedy = temperature <= 0
+    greedy = temperature < 1e-5  # as vLLM: tinier temperatures would overflow the scaled logits
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)
     filtered = _top_p(_top_k(scaled, samplings), samplings)

@@ -20,6 +20,14 @@ from agenttune.gateway.tool_parsers import ToolParse, ToolParser
 
 
 @dataclass
+class _Decoded:
+    token_ids: list[int]  # what the engine generated (the sample's truth)
+    text_ids: list[int]  # the same without the final stop token
+    text: str
+    stop_token: int | None  # the final stop token, when the reply ended on one
+
+
+@dataclass
 class ChatResult:
     """A finished call, ready to be written as a JSON body or as SSE chunks."""
 
@@ -97,45 +105,53 @@ class ChatCompletions:
 
     def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
                 generation: Generation, exact: bool) -> ChatResult:
-        if exact:
-            token_ids = generation.token_ids
-            ends_on_stop = generation.finish_reason == "stop" and token_ids[-1] in self.stop_tokens
-            stop_token = token_ids[-1] if ends_on_stop else None
-            text_ids = token_ids[:-1] if stop_token is not None else token_ids
-            text = self.renderer.decode(text_ids)
-        else:  # the engine gave text only: keep it for the log, the episode is not trainable
-            channel.trainable = False
-            text = generation.text or ""
-            token_ids = text_ids = self.renderer.encode(text)
-            stop_token = None
+        decoded = self._decode(channel, generation, exact)
+        text = decoded.text
         if generation.finish_reason == "stop" and request.stop:
             text = _cut_at_stop(text, request.stop)
+        reply, parsed = self._reply(request, text)
+        self._check_madness(channel, request, decoded.text_ids, parsed)
+        timeline.record(request, prompt, decoded.token_ids, generation.logprobs if exact else None, reply,
+                        exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode)
+        counters = channel.counters
+        counters["calls"] += 1
+        counters["prompt_tokens"] += len(prompt.ids)
+        counters["generated_tokens"] += len(decoded.token_ids)
+        counters["tool_calls"] += len(reply.get("tool_calls", ()))
+        logprobs = None
+        if request.logprobs and exact and generation.logprobs is not None:
+            logprobs = [(self.renderer.token_text(token), logprob)
+                        for token, logprob in zip(decoded.text_ids, generation.logprobs, strict=False)]
+        calls = reply.get("tool_calls")
+        message = {**reply, "content": reply["content"] if (reply["content"] or not calls) else None}
+        return ChatResult(request, "chatcmpl-" + secrets.token_hex(12), int(time.time()), message,
+                          "tool_calls" if calls else generation.finish_reason, len(prompt.ids),
+                          len(decoded.token_ids), logprobs)
+
+    def _decode(self, channel: EpisodeChannel, generation: Generation, exact: bool) -> _Decoded:
+        if not exact:  # the engine gave text only: keep it for the log, the episode is not trainable
+            channel.trainable = False
+            token_ids = self.renderer.encode(generation.text or "")
+            return _Decoded(token_ids, token_ids, generation.text or "", None)
+        token_ids = generation.token_ids
+        ends_on_stop = generation.finish_reason == "stop" and token_ids[-1] in self.stop_tokens
+        text_ids = token_ids[:-1] if ends_on_stop else token_ids
+        return _Decoded(token_ids, text_ids, self.renderer.decode(text_ids), token_ids[-1] if ends_on_stop else None)
+
+    def _reply(self, request: ChatRequest, text: str) -> tuple[dict[str, Any], ToolParse]:
+        """The assistant message: reasoning, content and tool calls read out of the text."""
         reasoning, content = self.reasoning_parser.split(text) if self.reasoning_parser else (None, text)
         parsed = self.tool_parser.parse(content) if request.parses_tool_calls else ToolParse(content)
-        calls = parsed.calls if request.parallel_tool_calls else parsed.calls[:1]
-        self._check_madness(channel, request, text_ids, parsed, content)
         reply: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        calls = parsed.calls if request.parallel_tool_calls else parsed.calls[:1]
         if calls:
             reply["tool_calls"] = calls
         if reasoning:
             reply["reasoning_content"] = reasoning
-        timeline.record(request, prompt, token_ids, generation.logprobs if exact else None, reply,
-                        exact=exact, stop_token=stop_token, extendable=exact and not self.chat_mode)
-        channel.counters["calls"] += 1
-        channel.counters["prompt_tokens"] += len(prompt.ids)
-        channel.counters["generated_tokens"] += len(token_ids)
-        channel.counters["tool_calls"] += len(calls)
-        message = {**reply, "content": parsed.content if (parsed.content or not calls) else None}
-        logprobs = None
-        if request.logprobs and exact and generation.logprobs is not None:
-            logprobs = [(self.renderer.token_text(token), logprob)
-                        for token, logprob in zip(text_ids, generation.logprobs, strict=False)]
-        return ChatResult(request, "chatcmpl-" + secrets.token_hex(12), int(time.time()), message,
-                          "tool_calls" if calls else generation.finish_reason, len(prompt.ids), len(token_ids),
-                          logprobs)
+        return reply, parsed
 
     def _check_madness(self, channel: EpisodeChannel, request: ChatRequest, text_ids: list[int],
-                       parsed: ToolParse, content: str) -> None:
+                       parsed: ToolParse) -> None:
         if madness.NONSENSE in self.checks:
             if any(token in self.renderer.special_ids for token in text_ids):
                 channel.flag_madness(madness.NONSENSE, "a special token leaked into the reply")
@@ -143,7 +159,7 @@ class ChatCompletions:
                 channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")
         if madness.WRONG_TOOLCALL in self.checks:
             marker = getattr(self.tool_parser, "START", None)
-            without_tools = not request.tools and bool(marker) and marker in content
+            without_tools = not request.tools and bool(marker) and marker in parsed.content
             problems = madness.wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
             channel.counters["tool_call_errors"] += len(problems)
             for problem in problems:

@@ -57,6 +57,10 @@ class SampleBuilder:
     def context_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
     def to_sample(self, trainable: bool) -> Sample:
         return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
                       loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=self.num_calls,
@@ -69,6 +73,7 @@ class Prompt:
 
     ids: list[int]
     extends: SampleBuilder | None = None  # the sample this call continues
+    extends_at: int = 0  # that sample's length when this prompt was made
     context_ids: list[int] = field(default_factory=list)  # glue + new messages, when extending
     break_reason: str | None = None  # why it does not continue the previous call
 
@@ -119,7 +124,7 @@ class Timeline:
             if text.startswith(stop_text):
                 text = text[len(stop_text):]
         context_ids = self.renderer.encode(text)
-        return Prompt(sample.context_ids + context_ids, sample, context_ids)
+        return Prompt(sample.context_ids + context_ids, sample, sample.length, context_ids)
 
     def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,
                reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True) -> None:
@@ -127,15 +132,17 @@ class Timeline:
 
         `exact`: the ids are the engine's; `extendable`: a later call may continue this one.
         """
-        if prompt.extends is not None and prompt.extends is self.current:
-            sample = prompt.extends
+        if prompt.extends is not None and prompt.extends.length == prompt.extends_at:
+            sample = prompt.extends  # (unchanged since the prompt was made, even if calls overlapped)
             sample.add_context(prompt.context_ids)
+            self.current = sample
         else:
             sample = SampleBuilder(self.agent, list(prompt.ids), exact=exact)
             self.samples.append(sample)
             self.current = sample
-            if prompt.break_reason:
-                self.breaks[prompt.break_reason] += 1
+            reason = prompt.break_reason or ("concurrent_call" if prompt.extends is not None else None)
+            if reason:
+                self.breaks[reason] += 1
         sample.add_generated(token_ids, logprobs)
         self.conversation = [*request.messages, reply]
         self._turn = None

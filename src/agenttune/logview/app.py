@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agenttune.logview.catalog import Catalog, NotFound, PathRefused
 from agenttune.logview.run_metrics import MetricsReader, charts
-from agenttune.logview.step_index import SORT_KEYS, IndexCache, Query
+from agenttune.logview.step_index import FAILED, SORT_KEYS, IndexCache, Query
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000
@@ -90,7 +90,8 @@ class Viewer:
         query = _query(params)
         rows, matched = index.select(query)
         return JSONResponse({"total": len(index), "matched": matched, "offset": query.offset,
-                             "statuses": index.status_counts(), "episodes": rows})
+                             "statuses": index.status_counts(), "failed_statuses": sorted(FAILED),
+                             "episodes": rows})
 
     def episode(self, request: Request) -> Response:
         params = request.query_params

@@ -14,12 +14,14 @@ look, and only complete lines (a line still being written is picked up next time
 from __future__ import annotations
 
 import json
-import mmap
+import os
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agenttune.episode import EpisodeStatus
 
 HEAD_END = b',"samples":['  # the first key after the episode's small fields
 MESSAGES = b',"messages":['  # where the conversation starts (after the token arrays)
@@ -58,7 +60,7 @@ class Query:
 
 SORT_KEYS = {"index", "task_id", "repeat_index", "status", "reward", "success", "turns", "duration_s",
              "episode_id", "group_id"}
-FAILED = {"workflow_error", "timeout", "cancelled", "judge_error", "engine_error", UNREADABLE}
+FAILED = frozenset({status.value for status in EpisodeStatus if status.failed} | {UNREADABLE})
 
 
 @dataclass
@@ -77,18 +79,19 @@ class StepIndex:
             if identity != self.identity or stat.st_size < self.indexed_bytes:
                 self.entries, self.indexed_bytes, self.identity = [], 0, identity
             if stat.st_size > self.indexed_bytes:
-                self._scan(stat.st_size)
+                self._scan()
 
-    def _scan(self, size: int) -> None:
-        with self.path.open("rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as data:
+    def _scan(self) -> None:
+        # Plain reads, not mmap: a file truncated under an mmap kills the process with SIGBUS.
+        with self.path.open("rb") as file:
+            file.seek(self.indexed_bytes)
             position = self.indexed_bytes
-            while position < size:
-                newline = data.find(b"\n", position, size)
-                if newline < 0:
+            for line in file:
+                if not line.endswith(b"\n"):
                     break  # a line still being written
-                if newline > position and not data[position:newline].isspace():
-                    self.entries.append(index_line(data, position, newline, len(self.entries)))
-                position = newline + 1
+                if not line.isspace():
+                    self.entries.append(index_line(line, position, len(self.entries)))
+                position += len(line)
             self.indexed_bytes = position
 
     def __len__(self) -> int:
@@ -119,45 +122,45 @@ class StepIndex:
     def _search(self, entries: list[Entry], text: str) -> list[Entry]:
         """Case-insensitive (ASCII) substring search in the records' JSON, token arrays left out."""
         needle = json.dumps(text.lower(), ensure_ascii=False)[1:-1].encode("utf-8")  # as it is in JSON
-        if not entries:
-            return []
-        size = max(entry.end for entry in entries)
-        with self.path.open("rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as data:
+        with self.path.open("rb") as file:
+            descriptor = file.fileno()
             return [entry for entry in entries
-                    if any(needle in data[start:end].lower() for start, end in entry.search_ranges)]
+                    if any(needle in os.pread(descriptor, end - start, start).lower()
+                           for start, end in entry.search_ranges)]
 
 
-def index_line(data: mmap.mmap, start: int, end: int, number: int) -> Entry:
-    """Summarise one line; `number` is its position among the file's records."""
-    head, samples_at = _head(data, start, end)
-    tail = _tail(data, samples_at, end) if head is not None else None
+def index_line(line: bytes, start: int, number: int) -> Entry:
+    """Summarise one line (found at byte `start`); `number` is its position among the file's records."""
+    end = start + len(line)
+    head, samples_at = _head(line)
+    tail = _tail(line, samples_at) if head is not None else None
     if head is None or tail is None:
-        return _entry_from_full_parse(data, start, end, number)
-    messages_at = data.find(MESSAGES, samples_at, end)
-    ranges = ((start, samples_at), (messages_at if messages_at >= 0 else samples_at, end))
+        return _entry_from_full_parse(line, start, number)
+    messages_at = line.find(MESSAGES, samples_at)
+    ranges = ((start, start + samples_at), (start + (messages_at if messages_at >= 0 else samples_at), end))
     return Entry(start, end, summarise({**head, **tail}, number), ranges)
 
 
-def _head(data: mmap.mmap, start: int, end: int) -> tuple[dict[str, Any] | None, int]:
+def _head(line: bytes) -> tuple[dict[str, Any] | None, int]:
     """The fields before `samples`, parsed on their own, and where `samples` begins."""
-    position = start
+    position = 0
     for _ in range(MAX_HEAD_TRIES):
-        found = data.find(HEAD_END, position, end)
+        found = line.find(HEAD_END, position)
         if found < 0:
             break
-        head = _parse_object(data[start:found] + b"}")
+        head = _parse_object(line[:found] + b"}")
         if head is not None and "episode_id" in head:
             return head, found
         position = found + 1  # a `"samples":[` inside the task: the next one may be the real one
     return None, -1
 
 
-def _tail(data: mmap.mmap, samples_at: int, end: int) -> dict[str, Any] | None:
+def _tail(line: bytes, samples_at: int) -> dict[str, Any] | None:
     """The fields from `metrics` on, parsed on their own (`metrics` is the last object-valued key)."""
-    found = data.rfind(TAIL_START, samples_at, end)
+    found = line.rfind(TAIL_START, samples_at)
     if found < 0:
         return None
-    tail = _parse_object(b"{" + data[found + 1:end])
+    tail = _parse_object(b"{" + line[found + 1:])
     return tail if tail is not None and "split" in tail else None
 
 
@@ -169,8 +172,9 @@ def _parse_object(text: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _entry_from_full_parse(data: mmap.mmap, start: int, end: int, number: int) -> Entry:
-    record = _parse_object(data[start:end])
+def _entry_from_full_parse(line: bytes, start: int, number: int) -> Entry:
+    end = start + len(line)
+    record = _parse_object(line)
     if record is None:
         summary = {"index": number, "episode_id": f"line {number + 1}", "task_id": "", "status": UNREADABLE,
                    "error": f"Line {number + 1} of the file is not a JSON object (cut short or corrupted).",

@@ -30,10 +30,15 @@ async def run_agent(aworld_agent: Any, task_input: str, tuner: ModelTuner | None
 
     A failed AWorld task raises AgentRunError (the episode fails with AWorld's message), except when
     the conversation outgrew the model's context: that is an outcome to judge, and the answer so far
-    (often empty) is returned.
+    (often empty) is returned. With a `tuner`, AWorld's retries of failed LLM calls are turned off
+    (see agents.LLM_MAX_ATTEMPTS).
     """
     from aworld.runner import Runners
 
+    from agenttune_aworld.agents import LLM_MAX_ATTEMPTS
+
+    if tuner is not None and hasattr(aworld_agent, "llm_max_attempts"):
+        aworld_agent.llm_max_attempts = LLM_MAX_ATTEMPTS
     response = await Runners.run(input=task_input, agent=aworld_agent)
     if response is None:
         raise AgentRunError("Runners.run returned no response")

@@ -6,7 +6,6 @@
 
 const POLL_MS = 4000;
 const PAGE_SIZE = 100;
-const FAILED = new Set(["workflow_error", "timeout", "cancelled", "judge_error", "engine_error", "unreadable"]);
 const WARNED = new Set(["madness", "not_trainable"]);
 const SERIES_COLOURS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea"];
 
@@ -24,6 +23,7 @@ const state = {
   query: { q: "", status: "", success: "", min_reward: "", max_reward: "", sort: "index", order: "asc", offset: 0 },
   chartsJson: "",
   episodesTicket: 0,
+  failed: new Set(), // the statuses that count as failures (the server says which)
 };
 
 // ---------- small DOM helpers ----------
@@ -78,7 +78,7 @@ function bytes(size) {
 }
 
 function statusBadge(status) {
-  const kind = FAILED.has(status) ? " failed" : WARNED.has(status) ? " warned" : "";
+  const kind = state.failed.has(status) ? " failed" : WARNED.has(status) ? " warned" : "";
   return el("span", { class: "status" + kind }, status);
 }
 
@@ -251,6 +251,7 @@ async function loadEpisodes() {
   const data = await api("/api/episodes", { file: state.file, limit: PAGE_SIZE, ...state.query });
   if (ticket !== state.episodesTicket) return; // a newer request (another step, filter, page) is on its way
   $("step-view").hidden = false;
+  state.failed = new Set(data.failed_statuses);
   state.rows = data.episodes;
   renderStatusFilter(data.statuses);
   renderEpisodes(data);
@@ -260,7 +261,7 @@ function renderStatusFilter(counts) {
   const select = $("status-filter");
   const current = state.query.status;
   const total = Object.values(counts).reduce((a, b) => a + b, 0);
-  const failed = Object.entries(counts).filter(([status]) => FAILED.has(status)).reduce((a, [, n]) => a + n, 0);
+  const failed = Object.entries(counts).filter(([status]) => state.failed.has(status)).reduce((a, [, n]) => a + n, 0);
   const options = [el("option", { value: "" }, `status: any (${total})`)];
   if (failed) options.push(el("option", { value: "failed" }, `failed (${failed})`));
   for (const [status, count] of Object.entries(counts).sort()) options.push(el("option", { value: status }, `${status} (${count})`));

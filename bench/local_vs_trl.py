@@ -1,0 +1,195 @@
+"""agenttune's local backbone against TRL's GRPOTrainer: same tiny model, same task, same batch sizes.
+
+    python bench/local_vs_trl.py                       # 8 prompts x 8 generations, 32 new tokens, 4 steps
+    python bench/local_vs_trl.py --steps 6 --prompts 16
+
+Both train `tiny://default` (a 0.7M-parameter Qwen2-architecture model built on this machine) with
+GRPO on the same single-turn prompts, on CPU, with the same reward: a fixed pseudo-random function
+of the completion text (so every group has a reward spread and both trainers do the full work).
+agenttune's rollouts go through its real product path: the workflow's OpenAI client, the gateway,
+the batching `hf` engine sharing the trained weights. TRL generates with `model.generate`.
+
+Printed per trainer (the first step is a warm-up and is left out of the averages):
+rollout tokens/s (generated tokens / generation time), training tokens/s (prompt + completion tokens
+/ time of the policy update) and wall time per step, and the ratio agenttune / TRL. Needs `trl`
+(`pip install 'agenttune[bench]'`). Other processes on the machine skew both sides alike; run it on a
+quiet machine for numbers worth quoting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agenttune import Judge, JudgeResult, Workflow, WorkflowOutput  # noqa: E402
+
+MODEL = "tiny://default"
+
+
+def reward_of(text: str) -> float:
+    """Deterministic, spread-out rewards that ignore quality: this benchmark measures speed."""
+    return (zlib.crc32(text.encode()) % 1000) / 1000
+
+
+def prompts(count: int) -> list[str]:
+    return [f"What is {17 * i + 3} + {29 * i + 5}?" for i in range(count)]
+
+
+class SingleTurn(Workflow):
+    async def execute(self, task, tuner) -> WorkflowOutput:
+        client = tuner.as_async_openai_client()
+        response = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": task.query}])
+        return WorkflowOutput(metadata={"final_answer": response.choices[0].message.content or ""})
+
+
+class TextHashJudge(Judge):
+    def judge(self, judge_input) -> JudgeResult:
+        return JudgeResult(reward=reward_of(judge_input.final_answer or ""))
+
+
+# -- agenttune ---------------------------------------------------------------------------------------
+def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
+    import yaml
+
+    from agenttune.config_loader import load_config
+    from agenttune.training import train_from_config
+
+    data = workdir / "tasks.jsonl"
+    data.write_text("".join(json.dumps({"query": q}) + "\n" for q in prompts(args.prompts * args.steps)))
+    config = {
+        "workflow": "local_vs_trl:SingleTurn",
+        "judge": {"judge_protocol": "local_vs_trl:TextHashJudge"},
+        "task_reader": {"type": "file", "path": str(data)},
+        "model": {"path": MODEL},
+        "rollout": {"num_repeat": args.generations, "max_env_worker": args.prompts * args.generations,
+                    "temperature": 1.0, "max_response_length_in_one_turn": args.max_tokens},
+        "data": {"train_batch_size": args.prompts, "shuffle": False},
+        "algorithm": {"kl_coef": 0.0, "loss_agg_mode": "token-mean"},
+        "trainer": {"total_steps": args.steps, "learning_rate": 1e-5, "save_freq": args.steps, "seed": 0},
+        "local": {"device": "cpu", "micro_batch_tokens": 1 << 20, "plot": False},
+        "monitor": {"tensorboard": False},
+    }
+    path = workdir / "bench.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = train_from_config(load_config(path, [], backbone="local"), run_dir=workdir / "agenttune-run")
+    records = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    return [{
+        "rollout_s": r["perf/rollout_time_s"],
+        "generated_tokens": r["tokens/generated_total"],
+        "train_s": r["perf/train_time_s"],
+        "train_tokens": r["train/tokens"],
+        "step_s": r["perf/step_time_s"],
+    } for r in records if r["step"] >= 1]
+
+
+# -- TRL ---------------------------------------------------------------------------------------------
+def run_trl(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agenttune.model_loading import resolve_model_path
+
+    torch.manual_seed(0)
+    path = resolve_model_path(MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": q}]} for q in prompts(args.prompts * args.steps)])
+    steps: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+    original_generate = model.generate
+
+    def timed_generate(*gen_args, **gen_kwargs):
+        started = time.perf_counter()
+        output = original_generate(*gen_args, **gen_kwargs)
+        prompt = gen_kwargs.get("input_ids", gen_args[0] if gen_args else None)
+        completion = output[:, prompt.shape[1]:]
+        finished = (completion == tokenizer.pad_token_id) | torch.isin(completion, torch.tensor(eos_ids))
+        # generated tokens: up to and including the first end token of each row
+        lengths = torch.where(finished.any(1), finished.int().argmax(1) + 1, torch.full_like(finished[:, 0], completion.shape[1], dtype=torch.long))
+        prompt_tokens = gen_kwargs["attention_mask"].sum() if "attention_mask" in gen_kwargs else prompt.numel()
+        current["rollout_s"] = current.get("rollout_s", 0.0) + time.perf_counter() - started
+        current["generated_tokens"] = current.get("generated_tokens", 0.0) + float(lengths.sum())
+        current["train_tokens"] = current.get("train_tokens", 0.0) + float(lengths.sum() + prompt_tokens)
+        return output
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    model.generate = timed_generate
+
+    def trl_reward(completions, **_):
+        return [reward_of(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            current.clear()
+            current["started"] = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            step_s = time.perf_counter() - current.pop("started")
+            steps.append({**current, "step_s": step_s, "train_s": step_s - current.get("rollout_s", 0.0)})
+
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl-run"), per_device_train_batch_size=args.prompts * args.generations,
+        num_generations=args.generations, max_completion_length=args.max_tokens, max_steps=args.steps,
+        learning_rate=1e-5, beta=0.0, temperature=1.0, use_cpu=True, report_to=[], logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=0, gradient_accumulation_steps=1, loss_type="grpo",
+        bf16=False,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[StepTimer()])
+    trainer.train()
+    return steps
+
+
+# -- the table --------------------------------------------------------------------------------------
+def summarise(steps: list[dict[str, float]]) -> dict[str, float]:
+    measured = steps[1:] or steps  # the first step pays one-off costs (threads, caches)
+    return {
+        "rollout tokens/s": sum(s["generated_tokens"] for s in measured) / sum(s["rollout_s"] for s in measured),
+        "training tokens/s": sum(s["train_tokens"] for s in measured) / sum(s["train_s"] for s in measured),
+        "wall time per step (s)": statistics.fmean(s["step_s"] for s in measured),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt (the GRPO group)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="most new tokens per completion")
+    args = parser.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    from agenttune.run import configure_logging
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = summarise(run_agenttune(args, Path(tmp)))
+        configure_logging(None)
+        theirs = summarise(run_trl(args, Path(tmp)))
+    table = Table(title=f"GRPO on {MODEL}, CPU: {args.prompts} prompts x {args.generations} generations, "
+                        f"<= {args.max_tokens} new tokens, {args.steps} steps (first left out)")
+    for column in ("metric", "agenttune local", "TRL GRPOTrainer", "ratio agenttune/TRL"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for metric in ours:
+        ratio = ours[metric] / theirs[metric] if theirs[metric] else float("nan")
+        table.add_row(metric, f"{ours[metric]:,.2f}", f"{theirs[metric]:,.2f}", f"{ratio:.2f}x")
+    Console().print(table)
+    print("(tokens/s: higher is better; wall time per step: lower is better)")
+
+
+if __name__ == "__main__":
+    main()
