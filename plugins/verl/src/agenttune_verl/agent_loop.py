@@ -49,9 +49,11 @@ class AgentTuneAgentLoop(AgentLoopBase):
                  dataset_cls: Any, data_config: Any, *, agenttune_config: str, source_dir: str | None = None,
                  run_dir: str | None = None, **kwargs: Any):
         super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, **kwargs)
-        self.settings = LoopSettings(str(agenttune_config), source_dir and str(source_dir), run_dir and str(run_dir))
+        self.settings = LoopSettings(str(agenttune_config), source_dir and str(source_dir),
+                                     run_dir and str(run_dir))
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+    async def run(self, sampling_params: dict[str, Any],
+                  **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         runtime = await WorkerRuntime.get(self.settings, self.server_manager, self.tokenizer)
         limits = Limits(self.rollout_config.prompt_length, self.rollout_config.response_length)
         outputs = await runtime.run_row(sampling_params, kwargs, limits=limits,

@@ -121,9 +121,10 @@ def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
         else:
             ray.init(include_dashboard=False)
     except Exception as error:
-        raise UserError(f"Could not {'join the Ray cluster ' + where if address else 'start a local Ray head'}: "
-                        f"{type(error).__name__}: {error}.",
-                        hint="Check ray.address (e.g. 'ray://head:10001' or 'auto' after `ray start --head`).") from error
+        action = f"join the Ray cluster {where}" if address else "start a local Ray head"
+        raise UserError(f"Could not {action}: {type(error).__name__}: {error}.",
+                        hint="Check ray.address (e.g. 'ray://head:10001', or 'auto' after `ray start --head`).",
+                        ) from error
     try:
         check_gpus(config, ray.cluster_resources(), where=where)
         if address:
@@ -160,7 +161,8 @@ def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None)
     command = command or trainer_command(run)
     env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run)}
     trainer_log = verl_dir(run) / "trainer.log"
-    follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run), MetricsLog(run.metrics_path))
+    follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run),
+                               MetricsLog(run.metrics_path))
     log.info("starting verl", command=" ".join(command), ray_address=ray_address)
     with follower, trainer_log.open("a", encoding="utf-8") as log_file:
         process = subprocess.Popen(command, cwd=run.run_dir, env=env, stdout=subprocess.PIPE,

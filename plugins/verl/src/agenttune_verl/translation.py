@@ -4,7 +4,7 @@
 and computes its value from the agenttune config (and, for file locations, the run's paths). Every key
 in the table exists in verl 0.9.1's own Hydra config (`verl/trainer/config/ppo_trainer.yaml` and the
 files it composes); the tests check that. The `verl:` section of the agenttune config is applied
-afterwards, verbatim, so it can override anything here (see `passthrough.py`).
+afterwards, verbatim, so it can override anything here (see `verl_config.py`).
 """
 
 from __future__ import annotations
@@ -85,38 +85,47 @@ def _rollout_dtype(config: AgentTuneConfig) -> str:
 
 
 def _t(verl_key: str, source: str, value: Value) -> Translation:
+    """One row: the verl key, where its value comes from (for people), how to compute it."""
     return Translation(verl_key, source, value)
 
 
 TRANSLATIONS: tuple[Translation, ...] = (
     # algorithm: GRPO, group size = num_repeat
     _t("algorithm.adv_estimator", "algorithm.adv_estimator", lambda c, p: c.algorithm.adv_estimator),
-    _t("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std", lambda c, p: c.algorithm.norm_adv_by_std),
+    _t("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std",
+       lambda c, p: c.algorithm.norm_adv_by_std),
     _t("algorithm.use_kl_in_reward", "(always false: KL goes into the loss)", lambda c, p: False),
     _t("critic.enable", "(always false: GRPO has no critic)", lambda c, p: False),
     _t("actor_rollout_ref.actor.use_kl_loss", "algorithm.kl_coef > 0", lambda c, p: c.algorithm.kl_coef > 0),
     _t("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_coef", lambda c, p: c.algorithm.kl_coef),
-    _t("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_estimator", lambda c, p: c.algorithm.kl_estimator),
-    _t("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low", lambda c, p: c.algorithm.clip_ratio_low),
+    _t("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_estimator",
+       lambda c, p: c.algorithm.kl_estimator),
+    _t("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low",
+       lambda c, p: c.algorithm.clip_ratio_low),
     _t("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high",
        lambda c, p: c.algorithm.clip_ratio_high),
-    _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode", lambda c, p: c.algorithm.loss_agg_mode),
+    _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode",
+       lambda c, p: c.algorithm.loss_agg_mode),
     # model
     _t("actor_rollout_ref.model.path", "model.path", lambda c, p: c.model.path),
     _t("actor_rollout_ref.model.tokenizer_path", "model.tokenizer", lambda c, p: c.model.tokenizer),
-    _t("actor_rollout_ref.model.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),
+    _t("actor_rollout_ref.model.trust_remote_code", "model.trust_remote_code",
+       lambda c, p: c.model.trust_remote_code),
     _t("data.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),
     # optimisation
     _t("actor_rollout_ref.actor.optim.lr", "trainer.learning_rate", lambda c, p: c.trainer.learning_rate),
     _t("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lr_schedule (constant, cosine)",
        lambda c, p: c.trainer.lr_schedule),
-    _t("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.warmup_steps", lambda c, p: c.trainer.warmup_steps),
-    _t("actor_rollout_ref.actor.optim.weight_decay", "trainer.weight_decay", lambda c, p: c.trainer.weight_decay),
+    _t("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.warmup_steps",
+       lambda c, p: c.trainer.warmup_steps),
+    _t("actor_rollout_ref.actor.optim.weight_decay", "trainer.weight_decay",
+       lambda c, p: c.trainer.weight_decay),
     _t("actor_rollout_ref.actor.optim.clip_grad", "trainer.grad_clip", lambda c, p: c.trainer.grad_clip),
     # one optimiser step per training step: a mini-batch is the whole batch of tasks
     _t("actor_rollout_ref.actor.ppo_mini_batch_size", "data.train_batch_size",
        lambda c, p: c.data.train_batch_size),
-    _t("actor_rollout_ref.actor.use_dynamic_bsz", "(always true: micro-batches by token budget)", lambda c, p: True),
+    _t("actor_rollout_ref.actor.use_dynamic_bsz", "(always true: micro-batches by token budget)",
+       lambda c, p: True),
     _t("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
        "max(16384, data.max_prompt_length + data.max_response_length)", lambda c, p: _max_token_len_per_gpu(c)),
     _t("actor_rollout_ref.actor.data_loader_seed", "trainer.seed", lambda c, p: c.trainer.seed),
