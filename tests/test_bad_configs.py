@@ -14,6 +14,7 @@ Header lines a corpus file may carry:
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -85,7 +86,8 @@ def in_corpus(monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_valid_control_config_runs(run_cli, in_corpus, tmp_path):
     result = run_cli("train", "--conf", "valid.yaml", "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "run" / "metrics.jsonl").exists()
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert metrics["episodes"] == 4 and metrics["failure_rate"] == 0.0 and metrics["reward/mean"] == 1.0
 
 
 @pytest.mark.parametrize("path", BAD, ids=[path.stem for path in BAD])

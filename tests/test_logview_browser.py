@@ -40,7 +40,9 @@ def chromium_path() -> str | None:
 def browser():
     executable = chromium_path()
     if executable is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium, or set AGENTTUNE_CHROMIUM)")
+        configured = os.environ.get("AGENTTUNE_CHROMIUM")
+        pytest.skip(f"AGENTTUNE_CHROMIUM={configured} does not exist" if configured else
+                    "Chromium is not installed (apt-get install chromium, or set AGENTTUNE_CHROMIUM)")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         yield browser

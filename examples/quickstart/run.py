@@ -36,15 +36,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def write_data(seed: int = 0) -> None:
-    DATA.mkdir(exist_ok=True)
+def write_data(data: Path = DATA, seed: int = 0) -> None:
+    data.mkdir(parents=True, exist_ok=True)
     validation = make_tasks(VALIDATION_TASKS, seed=seed + 1)
     train = make_tasks(TRAIN_TASKS, seed=seed + 2, exclude={row["expression"] for row in validation})
     rng = random.Random(seed + 3)
     demos = [demonstration(row, use_tool=rng.random() < TOOL_FRACTION) for row in train]
-    write_jsonl(DATA / "train.jsonl", train)
-    write_jsonl(DATA / "validation.jsonl", validation)
-    write_jsonl(DATA / "demos.jsonl", demos)
+    write_jsonl(data / "train.jsonl", train)
+    write_jsonl(data / "validation.jsonl", validation)
+    write_jsonl(data / "demos.jsonl", demos)
 
 
 def before_and_after(run_dir: Path) -> tuple[float, float] | None:
@@ -55,15 +55,15 @@ def before_and_after(run_dir: Path) -> tuple[float, float] | None:
     return (accuracy[0], accuracy[-1]) if len(accuracy) >= 2 else None
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], data: Path = DATA) -> Path:
     from agenttune.cli.main import main as agenttune
 
-    write_data()
+    write_data(data)
     run_dir = (Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv
                else Path("runs/quickstart") / time.strftime("%Y%m%d-%H%M%S"))
     if "--run-dir" not in argv:
         argv = ["--run-dir", str(run_dir), *argv]
-    overrides = [f"task_reader.path={DATA}/{{split}}.jsonl", f"local.warmup.data={DATA / 'demos.jsonl'}"]
+    overrides = [f"task_reader.path={data}/{{split}}.jsonl", f"local.warmup.data={data / 'demos.jsonl'}"]
     try:
         agenttune(["train", "--conf", str(HERE / "quickstart.yaml"), *argv, *overrides])
     except SystemExit as exit_:
@@ -74,6 +74,7 @@ def main(argv: list[str]) -> None:
         print(f"\nheld-out accuracy (greedy, {VALIDATION_TASKS} problems): "
               f"{result[0]:.1%} after the warm-up -> {result[1]:.1%} after RL")
     print(f"run directory: {run_dir} (curves: {run_dir / 'training_curves.png'})")
+    return run_dir
 
 
 if __name__ == "__main__":

@@ -45,5 +45,6 @@ def register_engines():
     from agenttune.engines.hf import HFEngine
     from agenttune.engines.openai import OpenAIEngine
     from agenttune.engines.scripted import ScriptedEngine
+    from agenttune.engines.vllm import VLLMEngine
 
-    return [HFEngine, OpenAIEngine, ScriptedEngine]
+    return [HFEngine, OpenAIEngine, ScriptedEngine, VLLMEngine]

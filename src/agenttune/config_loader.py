@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise UserError(f"Cannot read config file {str(path)!r}: {error.strerror or error}.",
                         hint="Check the file's permissions.") from error
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
         where = ""
         mark = getattr(error, "problem_mark", None)
@@ -49,6 +49,27 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise UserError(f"Config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}.",
                         hint="Start it with top-level keys such as `workflow:` and `task_reader:`.")
     return unwrapped(data)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, except that a key given twice in one mapping is an error: YAML itself keeps
+    the last one and silently drops the first (a whole section, when a section is repeated)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):  # construct_mapping explains unhashable keys itself
+            continue
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} appears more than once in the same mapping", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def unwrapped(data: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from agenttune.gateway.tool_parsers import get_tool_parser
 log = structlog.get_logger("agenttune.gateway")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or a raw UTF-16 surrogate
 JSON = "application/json"
 EVENTS = "text/event-stream"
 
@@ -203,9 +205,25 @@ def _json(body: bytes) -> Any:
     if len(body) > MAX_BODY_BYTES:
         raise GatewayError(413, f"The request body is larger than {MAX_BODY_BYTES // 2**20} MiB.")
     try:
-        return json.loads(body)
+        data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"The request body is not valid JSON: {error}.") from None
+    except RecursionError:
+        raise bad_request("The request body nests JSON arrays or objects too deeply.") from None
+    # A lone UTF-16 surrogate (an unpaired \ud800-\udfff escape, or its raw bytes) is not text: the
+    # tokenizer and the UTF-8 reply would fail on it. The full check runs only when one may be present.
+    if _MAYBE_SURROGATE.search(body) and not _is_text(data):
+        raise bad_request("The request holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                          "which is not valid Unicode text.")
+    return data
+
+
+def _is_text(data: Any) -> bool:
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def build_app(gateway: Gateway) -> Any:

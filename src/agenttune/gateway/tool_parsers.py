@@ -92,14 +92,27 @@ class HermesToolParser(ToolParser):
             payload = json.loads(body)
         except ValueError as error:
             return None, f"tool call is not valid JSON ({error.msg}): {body.strip()[:120]!r}"
+        except RecursionError:
+            return None, "tool call nests JSON too deeply"
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not payload["name"]:
             return None, f"tool call has no 'name': {body.strip()[:120]!r}"
         arguments = payload.get("arguments", payload.get("parameters", {}))
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None, f"tool call arguments are not JSON: {arguments[:120]!r}"
         if not isinstance(arguments, dict):
             return None, f"tool call arguments must be an object, got {type(arguments).__name__}"
-        return tool_call(payload["name"], json.dumps(arguments, ensure_ascii=False)), None
+        encoded = json.dumps(arguments, ensure_ascii=False)
+        if not _is_text(payload["name"] + encoded):  # "\ud800" in JSON decodes to a lone surrogate: not text
+            return None, "tool call holds an unpaired \\ud800-\\udfff escape, which is not valid Unicode"
+        return tool_call(payload["name"], encoded), None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from agenttune.run import Run
 
 REQUIRED = {"torch": "torch", "transformers": "transformers", "matplotlib": "matplotlib"}
-SUPPORTED_ENGINES = ("hf",)
+SUPPORTED_ENGINES = ("hf", "vllm")
 
 
 class LocalBackbone(Backbone):
@@ -47,7 +47,8 @@ class LocalBackbone(Backbone):
                                  "(on CPU-only machines first: pip install torch==2.13.0).")
         if config.engine.type not in SUPPORTED_ENGINES:
             raise UserError(f"engine.type {config.engine.type!r} cannot serve the local backbone's rollouts.",
-                            hint="The local backbone samples from the model it trains: use engine.type: hf.")
+                            hint="The local backbone samples from the model it trains: use engine.type: hf "
+                                 "(shares the weights in process) or vllm (GPU; weights loaded after each step).")
         if not config.model.path:
             raise UserError("model.path is not set.",
                             hint="Set model.path to a model directory, a Hugging Face model id, or tiny://default.")

@@ -43,6 +43,7 @@ class Setup:
     total_steps: int
     start_step: int
     components: Any
+    engine: Any = None
 
 
 def train(run: Run) -> None:
@@ -70,6 +71,7 @@ def prepare(run: Run) -> Setup:
     resume_from = _resume_checkpoint(run)
     device = resolve_device(config.local.device)
     tokenizer = load_tokenizer(config.model)
+    _quiet_transformers()
     model = load_policy(config, device, checkpoint=resume_from / "model" if resume_from else None)
     trainable, total = count_parameters(model)
     log.info("policy loaded", device=str(device), dtype=str(next(model.parameters()).dtype),
@@ -144,6 +146,13 @@ def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any) -> None:
     log.info("warm-up done", seconds=round(time.perf_counter() - started, 1), **metrics)
 
 
+def _quiet_transformers() -> None:
+    """transformers' own progress bars (loading, saving shards) would tear through ours."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
 def _pad_id(tokenizer: Any) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return int(pad) if pad is not None else 0
@@ -166,7 +175,7 @@ async def training_loop(run: Run, setup: Setup) -> None:
     from agenttune.session import rollout_session
 
     config = run.config
-    engine = build_engine(config, setup.tokenizer, model=setup.model)
+    engine = setup.engine = build_engine(config, setup.tokenizer, model=setup.model)
     trackers = Trackers(run)
     metrics_log = MetricsLog(run.metrics_path)
     try:
@@ -201,6 +210,8 @@ async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, st
     metrics = session.record(step, "train", episodes)
     progress.phase("training")
     metrics.update(setup.trainer.step(episodes))
+    if hasattr(setup.engine, "load_weights"):  # an engine with its own copy of the weights (vllm)
+        setup.engine.load_weights(setup.model)
     elapsed = time.perf_counter() - started
     generated = metrics.get("tokens/generated_total", 0.0)
     metrics.update({

@@ -190,8 +190,13 @@ async function loadCharts() {
   $("charts").hidden = false;
 }
 
+// Enough decimals that the three tick labels of a small range still differ.
+function tickDigits(span) {
+  return Math.min(6, Math.max(0, Math.ceil(-Math.log10(span / 2)) + 1));
+}
+
 function drawChart(chart) {
-  const width = 320, height = 130, left = 34, right = 8, top = 8, bottom = 20;
+  const width = 320, height = 130, right = 8, top = 8, bottom = 20;
   const series = chart.series.filter((line) => line.points.length);
   const box = el("div", { class: "chart", dataset: { title: chart.title } }, el("h3", {}, chart.title));
   if (!series.length) return appendAll(box, [el("div", { class: "muted" }, "no data yet")]);
@@ -206,13 +211,15 @@ function drawChart(chart) {
     const pad = y1 === y0 ? Math.max(Math.abs(y0) * 0.1, 0.5) : (y1 - y0) * 0.1;
     y0 -= pad; y1 += pad;
   }
+  const ticks = [y0, (y0 + y1) / 2, y1].map((value) => [value,
+    chart.fraction ? `${Math.round(value * 100)}%` : value.toFixed(tickDigits(y1 - y0))]);
+  const left = 10 + 5.6 * Math.max(...ticks.map(([, label]) => label.length)); // room for the labels
   const x = (step) => left + ((step - x0) / (x1 - x0)) * (width - left - right);
   const y = (value) => top + (1 - (value - y0) / (y1 - y0)) * (height - top - bottom);
   const plot = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
-  for (const tick of [y0, (y0 + y1) / 2, y1]) {
+  for (const [tick, label] of ticks) {
     plot.append(svg("line", { class: "grid", x1: left, x2: width - right, y1: y(tick), y2: y(tick) }));
-    plot.append(svg("text", { x: left - 3, y: y(tick) + 3, "text-anchor": "end" },
-      chart.fraction ? `${Math.round(tick * 100)}%` : fmt(tick, 2)));
+    plot.append(svg("text", { x: left - 3, y: y(tick) + 3, "text-anchor": "end" }, label));
   }
   plot.append(svg("line", { class: "axis", x1: left, x2: width - right, y1: height - bottom, y2: height - bottom }));
   const labelled = [...new Set(steps)].sort((a, b) => a - b);
