@@ -120,6 +120,9 @@ def garbage(tokenizer) -> dict[str, Garbage]:
                                             EpisodeStatus.MADNESS, ["wrong_toolcall"], calls=1),
         "arguments that are a list": Garbage('<tool_call>\n{"name": "calc", "arguments": [1, 2]}\n</tool_call>',
                                              EpisodeStatus.MADNESS, ["wrong_toolcall"], calls=1),
+        "unpaired \\ud800 escape in a tool call": Garbage(
+            '<tool_call>\n{"name": "calc", "arguments": {"expr": "\\ud800"}}\n</tool_call>',
+            EpisodeStatus.MADNESS, ["wrong_toolcall"], calls=1),
         "unknown tool": Garbage('<tool_call>\n{"name": "rm_rf", "arguments": {"path": "/"}}\n</tool_call>',
                                 EpisodeStatus.MADNESS, ["wrong_toolcall"]),
         "known tool, bad arguments": Garbage('<tool_call>\n{"name": "calc", "arguments": {"expr": "7/0"}}\n</tool_call>',

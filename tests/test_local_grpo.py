@@ -224,7 +224,11 @@ def test_gradient_accumulation_matches_one_big_batch(mode):
 
 def test_four_steps_equal_two_steps_a_checkpoint_and_two_more(tmp_path):
     from agenttune.backbones.local.checkpoint import (
-        CheckpointState, latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint,
+        CheckpointState,
+        latest_checkpoint,
+        load_trainer_state,
+        restore_rng,
+        save_checkpoint,
     )
 
     config = make_config(
@@ -271,3 +275,14 @@ def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference():
     assert metrics["train/kl"] == pytest.approx(0.0, abs=1e-9)  # adapter B starts at zero: policy == base
     metrics = trainer.step(step_episodes(1))
     assert metrics["train/kl"] > 0
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    results = []
+    for checkpointing in (False, True):
+        trainer = make_trainer(make_config(local={"gradient_checkpointing": checkpointing}))
+        assert trainer.model.is_gradient_checkpointing == checkpointing
+        trainer.step(step_episodes(2))
+        results.append(parameters(trainer.model))
+    for name in results[0]:
+        torch.testing.assert_close(results[1][name], results[0][name], rtol=0, atol=1e-5)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 import openai
+from arithmetic import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate, parse_final_answer
 
 from agenttune import Workflow, WorkflowOutput
-from arithmetic import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate, parse_final_answer
 
 MAX_TURNS = 3
 

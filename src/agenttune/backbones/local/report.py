@@ -56,6 +56,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, *, title: str = "") -
 
     matplotlib.use("Agg")  # no display needed; safe in threads and on servers
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = [(name, lines) for name, lines in PANELS if any(series(records, key)[0] for key, _ in lines)]
     if not panels:
@@ -70,6 +71,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, *, title: str = "") -
                 axis.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
         axis.set_title(name)
         axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
         if len(lines) > 1:
             axis.legend(fontsize=8)

@@ -241,10 +241,12 @@ def _finish_metrics(totals: dict[str, float], batches: list[Batch]) -> dict[str,
 
 def _item_metrics(stats: ItemStats, num_items: int) -> dict[str, float]:
     lengths = stats.response_lengths
-    return {
+    metrics = {
         "train/samples": float(num_items),
         "train/samples_not_trainable": float(stats.not_trainable),
         "train/samples_prompt_too_long": float(stats.too_long_prompt),
         "train/samples_response_truncated": float(stats.truncated_response),
-        "train/response_length_mean": sum(lengths) / len(lengths) if lengths else 0.0,
     }
+    if lengths:  # absent, not 0, on steps without trained samples: curves skip them
+        metrics["train/response_length_mean"] = sum(lengths) / len(lengths)
+    return metrics

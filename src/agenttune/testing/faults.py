@@ -1,0 +1,239 @@
+"""Fault injection for reliability tests: break episodes on purpose, then check the aftermath.
+
+Which episode gets which fault is a pure function of (task id, repeat index), so a test knows the
+plan before a run and checks the run's records against it afterwards:
+
+    PLAN.fault("task-7", 2)   -> "raise" | "hang" | "engine" | "flaky" | "judge" | None
+
+`FaultyWorkflow` (config `workflow: agenttune.testing.faults:FaultyWorkflow`) asks the model one
+question through the gateway and injects its episode's fault; `FaultyJudge` (`judge.judge_protocol:
+agenttune.testing.faults:FaultyJudge`) scores it:
+
+    raise   the workflow raises                        -> status workflow_error
+    hang    the workflow sleeps past the timeout       -> status timeout
+    engine  the engine fails every request (HTTP 502)  -> status engine_error
+    flaky   the engine fails the first request; the agent's client retries and goes on -> ok
+    judge   the judge raises                           -> status judge_error
+
+The engine faults need `failing_generate` wrapped around the engine class's `generate` (e.g.
+`monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))`). `JOURNAL`
+records what each episode was given. `check_run` and `leftover_threads` / `child_processes` check a
+finished run: every step written, no episode missing from the rollout log, every failure counted by
+cause in metrics.jsonl, nothing left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.workflow import Workflow, WorkflowOutput
+
+# What each fault must turn into; None is an episode with nothing injected.
+EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang": "timeout",
+                   "engine": "engine_error", "judge": "judge_error"}
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by the fault-injection helpers."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """The share of episodes that get each fault (the rest run normally)."""
+
+    raise_: float = 0.10
+    hang: float = 0.05
+    engine: float = 0.05
+    flaky: float = 0.05
+    judge: float = 0.05
+    seed: str = "agenttune-faults-7"  # every fault occurs among the first 8 tasks x 4 repeats
+
+    def fault(self, task_id: str, repeat: int) -> str | None:
+        digest = hashlib.sha256(f"{self.seed}:{task_id}:{repeat}".encode()).digest()
+        draw = int.from_bytes(digest[:8], "big") / 2**64
+        for kind, share in (("raise", self.raise_), ("hang", self.hang), ("engine", self.engine),
+                            ("flaky", self.flaky), ("judge", self.judge)):
+            if draw < share:
+                return kind
+            draw -= share
+        return None
+
+
+PLAN = FaultPlan()
+
+
+class Journal:
+    """What each episode was given, by episode id (thread-safe: sync workflows run in threads)."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, str | None] = {}
+        self._failed_once: set[str] = set()
+        self._lock = threading.Lock()
+
+    def record(self, episode_id: str, fault: str | None) -> None:
+        with self._lock:
+            self._faults[episode_id] = fault
+
+    def fault_of(self, episode_id: str | None) -> str | None:
+        with self._lock:
+            return self._faults.get(episode_id or "")
+
+    def first_failure(self, episode_id: str) -> bool:
+        """True the first time it is asked about `episode_id` (the flaky engine fails that request)."""
+        with self._lock:
+            first = episode_id not in self._failed_once
+            self._failed_once.add(episode_id)
+            return first
+
+    @property
+    def episodes(self) -> dict[str, str | None]:
+        with self._lock:
+            return dict(self._faults)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self._failed_once.clear()
+
+
+JOURNAL = Journal()
+
+
+def repeat_of(episode_id: str) -> int:
+    """The repeat index in a rollout-engine episode id (`{batch}-{task index}-{repeat}`)."""
+    return int(episode_id.rsplit("-", 1)[-1])
+
+
+class FaultyWorkflow(Workflow):
+    """One question to the model, with the fault `plan` gives this episode."""
+
+    plan: FaultPlan = PLAN
+
+    async def execute(self, task, tuner):
+        fault = self.plan.fault(task.task_id, repeat_of(tuner.episode_id))
+        JOURNAL.record(tuner.episode_id, fault)
+        tuner.update_judge_input_dictionary(fault=fault)
+        if fault == "raise":
+            raise InjectedFault("the workflow raised (injected)")
+        if fault == "hang":
+            await asyncio.sleep(3600)
+        answer = await self.ask(task, tuner)
+        tuner.update_judge_input_dictionary(final_answer=answer)
+        return WorkflowOutput(metadata={"final_answer": answer, "fault": fault})
+
+    async def ask(self, task, tuner) -> str:
+        # One retry, as agents' clients usually have: it rides out a flaky engine, not a broken one.
+        client = tuner.as_async_openai_client(max_retries=1)
+        reply = await client.chat.completions.create(
+            model=tuner.model_name, messages=[{"role": "user", "content": task.query or task.task_id}])
+        return reply.choices[0].message.content or ""
+
+
+class FaultyJudge(Judge):
+    """Raises for episodes planned so; otherwise 1.0 for an answer of even length (rewards vary)."""
+
+    name = "faulty"
+
+    async def judge(self, judge_input: JudgeInput) -> JudgeResult:
+        if judge_input.handed.get("fault") == "judge":
+            raise InjectedFault("the judge raised (injected)")
+        answer = str(judge_input.final_answer or "")
+        return JudgeResult(reward=float(len(answer) % 2 == 0), success=len(answer) % 2 == 0)
+
+
+def failing_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an engine's `generate` so requests of `engine` episodes fail, and the first of `flaky` ones."""
+
+    @functools.wraps(generate)
+    async def faulty(self, prompt_ids, sampling, *, request_id=None):
+        fault = JOURNAL.fault_of(request_id)
+        if fault == "engine" or (fault == "flaky" and JOURNAL.first_failure(request_id)):
+            raise InjectedFault(f"the inference engine failed ({fault}, injected)")
+        return await generate(self, prompt_ids, sampling, request_id=request_id)
+
+    return faulty
+
+
+# -- checking a finished run ----------------------------------------------------------------------
+@dataclass
+class StepReport:
+    step: int
+    episodes: int
+    statuses: Counter[str]
+
+
+def check_run(run_dir: Path, *, steps: list[int], episodes_per_step: int, split: str = "train") -> list[StepReport]:
+    """Check a finished run against `JOURNAL`; returns what each step held. Raises AssertionError.
+
+    * metrics.jsonl has exactly `steps`;
+    * each step's rollout log holds `episodes_per_step` records, every one started by the workflow
+      (and every episode the workflow started is in some step's log: none lost);
+    * each record's status is what its fault must turn into, and `failures/<status>` in the step's
+      metrics counts exactly those (zero for causes that did not happen).
+    """
+    run_dir = Path(run_dir)
+    metrics = {record["step"]: record for record in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(metrics) == steps, f"steps written: {sorted(metrics)}, expected {steps}"
+    started = JOURNAL.episodes
+    logged: set[str] = set()
+    reports = []
+    for step in steps:
+        path = run_dir / "rollouts" / f"step_{step:06d}_{split}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        assert len(records) == episodes_per_step, f"step {step}: {len(records)} episodes logged, expected {episodes_per_step}"
+        statuses: Counter[str] = Counter()
+        for record in records:
+            episode = record["episode_id"]
+            assert episode in started, f"step {step}: episode {episode} is logged but never started"
+            expected = EXPECTED_STATUS[started[episode]]
+            assert record["status"] == expected, (f"step {step}: episode {episode} with fault {started[episode]!r} "
+                                                  f"has status {record['status']!r}, expected {expected!r}: {record['error']}")
+            if started[episode] == "flaky":
+                assert record["metrics"].get("engine_errors") == 1.0, record["metrics"]
+            statuses[record["status"]] += 1
+            logged.add(episode)
+        for cause in ("workflow_error", "timeout", "engine_error", "judge_error", "cancelled"):
+            counted = metrics[step].get(f"failures/{cause}")
+            assert counted == statuses[cause], f"step {step}: failures/{cause} = {counted}, logged {statuses[cause]}"
+        assert metrics[step]["failure_rate"] == sum(statuses[c] for c in statuses if c != "ok") / len(records)
+        reports.append(StepReport(step, len(records), statuses))
+    lost = set(started) - logged
+    assert not lost, f"{len(lost)} episodes ran but are missing from the rollout log: {sorted(lost)[:5]}"
+    return reports
+
+
+def leftover_threads(before: set[int], *, grace_s: float = 10.0) -> list[str]:
+    """Names of threads started since `before` (a set of thread idents) still alive after `grace_s`."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        extra = [thread.name for thread in threading.enumerate() if thread.ident not in before]
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.1)
+
+
+def child_processes() -> list[str]:
+    """Command lines of this process's live children (Linux /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                children.append((entry / "cmdline").read_text().replace("\0", " ").strip())
+        except (OSError, IndexError, ValueError):
+            continue  # it ended while we looked
+    return children
