@@ -8,8 +8,8 @@ import uuid
 import datasets
 import pytest
 
-from agenttune.config_loader import load_config
 from agenttune.components import resolve_task_reader
+from agenttune.config_loader import load_config
 from agenttune.errors import UserError
 from agenttune.in_process import importable_reference, keep, reference_for
 from agenttune.readers.in_memory import InMemoryTaskReader

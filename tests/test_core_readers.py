@@ -15,17 +15,7 @@ from agenttune.errors import UserError
 from agenttune.plugins import get_component
 from agenttune.readers.file import FileTaskReader
 from agenttune.readers.huggingface import HuggingFaceTaskReader
-
-GSM8K_ROWS = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
-               "altogether in April and May.\n#### 72"},
-    {"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
-                 "How much did she earn?",
-     "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = "
-               "$<<0.2*50=10>>10.\n#### 10"},
-]
+from agenttune.testing.gsm8k import GSM8K_ROWS
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -25,6 +25,14 @@ def ids(tokenizer, text):
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def model_logprobs(model, prompt_ids, token_ids, *, temperature=1.0):
+    """What the model itself gives `token_ids` after `prompt_ids`, at `temperature`: the reference."""
+    import torch
+
+    logits = model(torch.tensor([prompt_ids + token_ids])).logits[0].float() / temperature
+    return torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1].gather(1, torch.tensor(token_ids)[:, None]).squeeze(1)
+
+
 async def test_greedy_matches_transformers_generate_alone_and_in_a_padded_batch(tiny_model, tiny_tokenizer, prompts):
     import torch
 
@@ -37,9 +45,7 @@ async def test_greedy_matches_transformers_generate_alone_and_in_a_padded_batch(
         reference = tiny_model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=False,
                                         eos_token_id=None, pad_token_id=0)[0, len(prompt_ids):].tolist()
         assert generation.token_ids == reference[: len(generation.token_ids)]
-        logits = tiny_model(torch.tensor([prompt_ids + generation.token_ids])).logits[0].float()
-        expected = torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1].gather(
-            1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
+        expected = model_logprobs(tiny_model, prompt_ids, generation.token_ids)
         assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
     await engine.aclose()
 
@@ -50,9 +56,7 @@ async def test_sampled_logprobs_are_temperature_scaled(tiny_model, tiny_tokenize
     engine = HFEngine(tiny_model, tiny_tokenizer)
     prompt_ids = ids(tiny_tokenizer, prompts[0])
     generation = await engine.generate(prompt_ids, SamplingParams(temperature=0.7, max_tokens=8, seed=3))
-    logits = tiny_model(torch.tensor([prompt_ids + generation.token_ids])).logits[0].float() / 0.7
-    expected = torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1].gather(
-        1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
+    expected = model_logprobs(tiny_model, prompt_ids, generation.token_ids, temperature=0.7)
     assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
     await engine.aclose()
 

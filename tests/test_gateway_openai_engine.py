@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import httpx
 import openai
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -20,6 +16,7 @@ from agenttune.errors import UserError
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config
+from agenttune.testing.loopback import serve_app
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 REPLIES = ['<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>', "Done."]
@@ -67,44 +64,38 @@ class FakeVLLM:
             reply["choices"][0]["token_ids"] = ids
         return JSONResponse(reply)
 
-
-@contextlib.asynccontextmanager
-async def serve(fake: FakeVLLM):
-    app = Starlette(routes=[Route("/v1/completions", fake.completions, methods=["POST"]),
-                            Route("/v1/chat/completions", fake.chat, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        await task
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/completions", self.completions, methods=["POST"]),
+                                 Route("/v1/chat/completions", self.chat, methods=["POST"])])
 
 
-async def converse(gateway: Gateway):
-    channel = gateway.open_episode("e1")
+async def converse(fake: FakeVLLM, **engine_options):
+    """A tool call and its answer, through a gateway whose `openai` engine talks to `fake` over HTTP."""
+    with serve_app(fake.app()) as server_url:
+        config = tiny_config(engine={"type": "openai", "base_url": server_url + "/v1", **engine_options})
+        engine = build_engine(config, fake.tokenizer)
+        async with Gateway(engine, fake.tokenizer, config) as gateway:
+            channel = gateway.open_episode("e1")
+            first, second = await call_the_tool(channel)
+        await engine.aclose()
+    return channel, first, second
+
+
+async def call_the_tool(channel):
     client = openai.AsyncOpenAI(base_url="http://in-process/v1", api_key=channel.api_key(), max_retries=0,
                                 http_client=httpx.AsyncClient(transport=channel.async_transport()))
     messages = [{"role": "user", "content": "Compute"}]
     first = (await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message
     messages += [first.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "c1", "content": "1"}]
     second = (await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message
-    return channel, first, second
+    return first, second
 
 
 @pytest.mark.parametrize("token_ids", [True, False])
 async def test_completions_mode_sends_exact_prompt_ids(token_ids):
     tokenizer = tiny_tokenizer()
     fake = FakeVLLM(tokenizer, token_ids=token_ids)
-    async with serve(fake) as base_url:
-        config = tiny_config(engine={"type": "openai", "base_url": base_url, "model": "served"})
-        engine = build_engine(config, tokenizer)
-        async with Gateway(engine, tokenizer, config) as gateway:
-            channel, first, second = await converse(gateway)
-        await engine.aclose()
+    channel, first, second = await converse(fake, model="served")
     assert first.tool_calls[0].function.name == "calc" and second.content == "Done."
     assert fake.requests[0]["model"] == "served" and fake.requests[0]["return_token_ids"] is True
     assert fake.requests[0]["max_tokens"] == 512 and fake.requests[0]["stop_token_ids"] == [tokenizer.eos_token_id]
@@ -123,12 +114,7 @@ async def test_completions_mode_sends_exact_prompt_ids(token_ids):
 async def test_chat_mode_forwards_messages(token_ids):
     tokenizer = tiny_tokenizer()
     fake = FakeVLLM(tokenizer, token_ids=token_ids)
-    async with serve(fake) as base_url:
-        config = tiny_config(engine={"type": "openai", "base_url": base_url, "mode": "chat"})
-        engine = build_engine(config, tokenizer)
-        async with Gateway(engine, tokenizer, config) as gateway:
-            channel, first, second = await converse(gateway)
-        await engine.aclose()
+    channel, first, second = await converse(fake, mode="chat")
     assert fake.requests[0]["messages"] == [{"role": "user", "content": "Compute"}]
     assert fake.requests[0]["tools"] == TOOLS and fake.requests[0]["model"] == "tiny://default"
     assert first.tool_calls[0].function.arguments == '{"x": 1}' and second.content == "Done."

@@ -19,10 +19,9 @@ import datasets
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # gaia_agent, gaia_reward
 
+from agenttune_aworld import AgentTrainer  # noqa: E402
 from gaia_agent import build_agent  # noqa: E402
 from gaia_reward import gaia_reward_func  # noqa: E402
-
-from agenttune_aworld import AgentTrainer  # noqa: E402
 
 
 def main() -> None:

@@ -14,16 +14,10 @@ from agentscope.memory import InMemoryMemory
 from agentscope.message import Msg
 from agentscope.tool import Toolkit
 from agenttune_agentscope.tools import execute_python_code
+from math_task import SYSTEM_PROMPT, answer_output
 
 from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.tuner import ModelTuner
-
-SYSTEM_PROMPT = """\
-You are an agent specialized in solving math problems with tools.
-Please solve the math problem given to you.
-You can write and execute Python code to perform calculation or verify your answer.
-You should return your final answer within \\boxed{}.
-"""
 
 
 class MathAgentWorkflow(Workflow):
@@ -43,5 +37,4 @@ class MathAgentWorkflow(Workflow):
         )
         agent.set_console_output_enabled(False)
         result = await agent.reply(Msg("user", task.query, role="user"))
-        final_answer = result.get_text_content() or ""
-        return WorkflowOutput(reward=None, metadata={"final_answer": final_answer})
+        return answer_output(result)

@@ -11,16 +11,10 @@ from agentscope.agent import Agent, ReActConfig
 from agentscope.message import UserMsg
 from agentscope.tool import Toolkit
 from agenttune_agentscope.tools import python_tool
+from math_task import SYSTEM_PROMPT, answer_output
 
 from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.tuner import ModelTuner
-
-SYSTEM_PROMPT = """\
-You are an agent specialized in solving math problems with tools.
-Please solve the math problem given to you.
-You can write and execute Python code to perform calculation or verify your answer.
-You should return your final answer within \\boxed{}.
-"""
 
 
 class MathAgentWorkflow(Workflow):
@@ -35,5 +29,4 @@ class MathAgentWorkflow(Workflow):
             react_config=ReActConfig(max_iters=2),
         )
         result = await agent.reply(UserMsg(name="user", content=task.query))
-        final_answer = result.get_text_content() or ""
-        return WorkflowOutput(reward=None, metadata={"final_answer": final_answer})
+        return answer_output(result)

@@ -27,9 +27,9 @@ sys.path.insert(0, str(HERE))
 from arithmetic import demonstration, make_tasks  # noqa: E402
 
 TRAIN_TASKS, VALIDATION_TASKS = 2000, 200
-# The warm-up teaches the format. Its demonstrations are all correct, but only a quarter of them use
+# The warm-up teaches the format. Its demonstrations are all correct, but only 40% of them use
 # the calculator; the rest state the answer directly, which a tiny model cannot imitate on new problems.
-TOOL_FRACTION = 0.25
+TOOL_FRACTION = 0.4
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

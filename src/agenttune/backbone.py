@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from agenttune.errors import UserError
+
 if TYPE_CHECKING:
     from agenttune.config import AgentTuneConfig
     from agenttune.run import Run
@@ -32,3 +34,17 @@ class Backbone:
 
     def run(self, run: Run) -> None:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement run(run)")
+
+
+def missing_validation_split(config: AgentTuneConfig) -> UserError | None:
+    """The error for a trainer that asks for validation when there is no validation split, else None.
+
+    Backbones that hand validation to another trainer (verl, Trinity-RFT) report it in `check()`,
+    before any work, rather than leave that trainer to validate on nothing.
+    """
+    wants_validation = config.trainer.test_freq > 0 or config.trainer.val_before_train
+    if not wants_validation or config.task_reader.validation_split is not None:
+        return None
+    return UserError("trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
+                     "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
+                                         "trainer.val_before_train=false.")

@@ -23,6 +23,7 @@ from agenttune.references import load_reference
 COMPONENTS: list[tuple[str, str]] = [
     ("task_reader", "agenttune.readers.file:FileTaskReader"),
     ("task_reader", "agenttune.readers.huggingface:HuggingFaceTaskReader"),
+    ("task_reader", "agenttune.readers.in_memory:InMemoryTaskReader"),
 ]
 
 INTRO = """\

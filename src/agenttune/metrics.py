@@ -48,6 +48,7 @@ def step_metrics(episodes: Sequence[Episode], *, prefix: str = "") -> dict[str, 
         "groups/zero_variance_frac": zero_variance_fraction(episodes),
         **_token_metrics(episodes),
         **_failures_by_cause(episodes),
+        **_request_errors(episodes),
         **_merge_breaks(episodes),
         **_judge_details(episodes),
     }
@@ -86,6 +87,13 @@ def _failures_by_cause(episodes: Sequence[Episode]) -> dict[str, float]:
     counts = Counter(episode.status for episode in episodes if episode.status.failed)
     # Every cause is always present (0 when none), so curves do not start mid-run.
     return {f"failures/{status.value}": float(counts[status]) for status in EpisodeStatus if status.failed}
+
+
+def _request_errors(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Failed requests inside episodes, also those the agent recovered from (a retried engine error):
+    `errors/engine` (the inference engine failed a call), `errors/tool_call` (unreadable or unknown tool calls)."""
+    return {f"errors/{name}": float(sum(episode.metrics.get(f"{name}_errors", 0.0) for episode in episodes))
+            for name in ("engine", "tool_call")}
 
 
 def _judge_details(episodes: Sequence[Episode]) -> dict[str, float]:

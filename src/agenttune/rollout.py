@@ -274,10 +274,8 @@ def _workflow_output(value: Any, workflow_cls: type) -> WorkflowOutput:
     try:
         output = value if isinstance(value, WorkflowOutput) else WorkflowOutput.model_validate(value)
     except ValidationError:
-        shown = repr(value)
-        shown = shown if len(shown) <= 200 else shown[:197] + "..."
         raise EpisodeFailure(EpisodeStatus.WORKFLOW_ERROR,
-                             f"{where} returned {shown} ({type(value).__name__}); return "
+                             f"{where} returned {_short_repr(value)} ({type(value).__name__}); return "
                              f"agenttune.WorkflowOutput(reward=..., metadata={{...}}) instead") from None
     if output.reward is not None and not math.isfinite(output.reward):
         raise EpisodeFailure(EpisodeStatus.WORKFLOW_ERROR, f"{where} returned a non-finite reward ({output.reward})")
@@ -289,19 +287,28 @@ def _judge_result(value: Any, judge_cls: type) -> JudgeResult:
     try:
         result = value if isinstance(value, JudgeResult) else JudgeResult.model_validate(value)
     except ValidationError:
-        shown = repr(value)
-        shown = shown if len(shown) <= 200 else shown[:197] + "..."
-        raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"{where} returned {shown}; return "
+        raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"{where} returned {_short_repr(value)}; return "
                              f"agenttune.JudgeResult(reward=..., success=...) instead") from None
     if not math.isfinite(result.reward):
         raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"{where} returned a non-finite reward ({result.reward})")
     return result
 
 
+def _short_repr(value: Any, limit: int = 200) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
 def _engine_failed(tuner: ModelTuner) -> bool:
-    """Whether the gateway saw the inference engine fail a request of this episode."""
+    """Whether the inference engine was failing this episode's requests when the workflow gave up.
+
+    An engine error the agent recovered from (a retry that worked) does not make a later, unrelated
+    failure an engine error.
+    """
+    channel = tuner.channel
     try:
-        return tuner.channel.metrics().get("engine_errors", 0) > 0
+        failing = getattr(channel, "engine_failing", None)
+        return failing if failing is not None else channel.metrics().get("engine_errors", 0) > 0
     except Exception:  # the record is read again (and its failure reported) when collecting
         return False
 

@@ -13,6 +13,7 @@ owner. Everything the session built is closed on exit, also when the body raises
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -61,11 +62,7 @@ class RolloutSession:
 
     def tasks(self, split: str, *, limit: int | None = None) -> list[Task]:
         """The tasks of `split` from the configured reader (the first `limit` of them)."""
-        tasks: list[Task] = []
-        for task in self.components.task_reader().read(split):
-            if limit is not None and len(tasks) >= limit:
-                break
-            tasks.append(task)
+        tasks = list(itertools.islice(self.components.task_reader().read(split), limit))
         if not tasks:
             raise UserError(f"The task reader ({self.config.task_reader.type!r}) found no tasks in split {split!r}.",
                             hint="Check task_reader's settings and the split names (task_reader.train_split).")

@@ -1,25 +1,23 @@
 """A real gateway over the tiny model's tokenizer, driven by the scripted engine, for AgentScope agents.
 
 `rig(replies)` starts a gateway whose engine answers with `replies` (text, or token ids) and opens
-one episode on it; `rig.tuner` is that episode's ModelTuner, exactly as a workflow receives it.
-`rig.generated` lists the token ids the engine sampled, call by call: the truth samples must hold.
+one episode on it (`agenttune.testing.scripted_episode`); `rig.tuner` is that episode's ModelTuner,
+exactly as a workflow receives it. `rig.generated` lists the token ids the engine sampled, call by
+call: the truth samples must hold (`assert_exact_sample`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from agenttune_agentscope.version import agentscope_line
 
 from agenttune.config_loader import build_config
-from agenttune.engine import Generation, SamplingParams
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.task import Task
-from agenttune.tuner import FrameworkLoader, ModelTuner
+from agenttune.testing.scripted_episode import ScriptedEpisode, open_scripted_episode
+from agenttune.tuner import FrameworkLoader
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -47,81 +45,22 @@ def frameworks(run_dir: Any) -> FrameworkLoader:
     return loader
 
 
-@dataclass
-class Rig:
-    engine: ScriptedEngine
-    gateway: Any
-    channel: Any
-    tuner: ModelTuner
-    tokenizer: Any
-    generated: list[list[int]] = field(default_factory=list)
-
-    def prompt_text(self, index: int) -> str:
-        return self.tokenizer.decode(self.engine.prompts[index])
-
-
 @pytest.fixture
 async def rig(tiny_tokenizer: Any, tmp_path: Any) -> AsyncIterator[Any]:
-    from agenttune.gateway import Gateway
+    started: list[ScriptedEpisode] = []
 
-    started: list[Rig] = []
-
-    async def make(replies: list[str | list[int]], *, cycle: bool = False, **config_sections: Any) -> Rig:
-        config = make_config(**config_sections)
-        script = [_ids(tiny_tokenizer, reply) for reply in replies]
-        calls = iter(range(10**9))
-        rig_: Rig
-
-        def respond(prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-            index = next(calls)
-            if index >= len(script) and not cycle:
-                raise RuntimeError(f"the script has {len(script)} replies; call {index + 1} was made")
-            ids = script[index % len(script)]
-            rig_.generated.append(ids)
-            return Generation(ids, [-0.01 * (1 + i % 7) for i in range(len(ids))], "stop")
-
-        engine = ScriptedEngine(tokenizer=tiny_tokenizer, responder=respond)
-        gateway = Gateway(engine, tiny_tokenizer, config)
-        await gateway.start()
-        channel = gateway.open_episode(f"episode-{len(started)}", SamplingParams(max_tokens=256))
-        tuner = ModelTuner(channel, Task(task_id="t-1", query="What is 2 + 3?"), config, frameworks(tmp_path))
-        rig_ = Rig(engine, gateway, channel, tuner, tiny_tokenizer)
-        started.append(rig_)
-        return rig_
+    async def make(replies: list[str | list[int]], *, cycle: bool = False, **config_sections: Any) -> ScriptedEpisode:
+        episode = await open_scripted_episode(make_config(**config_sections), tiny_tokenizer, replies,
+                                              frameworks=frameworks(tmp_path), cycle=cycle,
+                                              episode_id=f"episode-{len(started)}")
+        started.append(episode)
+        return episode
 
     yield make
-    for each in started:
-        await each.tuner.aclose()
-        each.gateway.close_episode(each.channel)
-        await each.gateway.stop()
-
-
-def _ids(tokenizer: Any, reply: str | list[int]) -> list[int]:
-    if isinstance(reply, list):
-        return reply
-    return tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+    for episode in started:
+        await episode.aclose()
 
 
 def tool_call(name: str, arguments: str) -> str:
     """What a Qwen/Hermes-style model writes to call a tool (the tiny template's format)."""
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
-
-
-def assert_exact_sample(rig: Rig, sample: Any, calls: int) -> None:
-    """The sample is the engine's last prompt plus its last generation, and trains only on generations.
-
-    Every call's prompt extends the previous prompt and generation (that is what merging means), so
-    the last prompt + last generation holds every sampled token; the mask is 1 exactly on those.
-    """
-    assert sample.num_calls == calls
-    assert len(rig.engine.prompts) == calls
-    full = sample.prompt_ids + sample.response_ids
-    assert full == rig.engine.prompts[-1] + rig.generated[-1]
-    assert sample.prompt_ids == rig.engine.prompts[0]
-    expected_mask = [0] * len(full)
-    for prompt, generated in zip(rig.engine.prompts, rig.generated, strict=True):
-        assert full[: len(prompt)] == prompt
-        assert full[len(prompt): len(prompt) + len(generated)] == generated
-        expected_mask[len(prompt): len(prompt) + len(generated)] = [1] * len(generated)
-    assert sample.loss_mask == expected_mask[len(sample.prompt_ids):]
-    assert sum(sample.loss_mask) == sum(len(ids) for ids in rig.generated)

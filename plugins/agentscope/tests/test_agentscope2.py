@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_exact_sample, only_agentscope2, tool_call
+from conftest import only_agentscope2, tool_call
 from pydantic import BaseModel
+
+from agenttune.testing.scripted_episode import assert_exact_sample
 
 pytestmark = only_agentscope2
 

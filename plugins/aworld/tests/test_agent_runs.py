@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import gaia_agent
 import pytest
-from aworld.agents.llm_agent import Agent
-from conftest import assert_exact_sample, stdio_mcp_config, tool_call
-
 from agenttune_aworld.agents import episode_agent
 from agenttune_aworld.workflow import AgentRunError, run_agent
+from aworld.agents.llm_agent import Agent
+from conftest import assert_exact_sample, stdio_mcp_config, tool_call
 
 QUESTION = "How many Statues of Liberty tall is the Eiffel Tower?"
 
@@ -78,3 +77,10 @@ async def test_a_failing_llm_call_fails_the_run_without_retries(rig):
     with pytest.raises(AgentRunError, match="the AWorld task failed"):
         await run_agent(build(rig_.tuner, stdio_mcp_config()), QUESTION, rig_.tuner)
     assert len(rig_.engine.prompts) == 1  # AWorld's own retries (10 s, 20 s, ...) are off
+
+
+async def test_an_overflowing_context_is_an_outcome_to_judge_not_a_failure(rig):
+    rig_ = await rig(["never sent"], model={"max_model_len": 300})  # AWorld's first prompt is longer
+    answer = await run_agent(build(rig_.tuner, stdio_mcp_config()), QUESTION, rig_.tuner)
+    assert rig_.tuner.context_overflow and rig_.engine.prompts == []
+    assert "<answer>" not in answer

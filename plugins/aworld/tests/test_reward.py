@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from agenttune_aworld.reward import RewardFunctionJudge
 from gaia_reward import answers_match, extract_answer, gaia_reward_func
 
 from agenttune.config import JudgeConfig
@@ -15,7 +16,6 @@ from agenttune.judge import JudgeInput
 from agenttune.plugins import get_component
 from agenttune.task import Task
 from agenttune.workflow import WorkflowOutput
-from agenttune_aworld.reward import RewardFunctionJudge
 
 CALLS: list[tuple] = []
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gaia_agent
 import pytest
+from agenttune_aworld import AgentTrainer
 from conftest import EXAMPLE, ROOT, ToolUsingEngine, tool_call
 from gaia_reward import gaia_reward_func
 
@@ -19,7 +20,6 @@ from agenttune import Judge, JudgeResult
 from agenttune.engines.scripted import scripted_logprob
 from agenttune.errors import UserError
 from agenttune.rollout_log import read_records
-from agenttune_aworld import AgentTrainer
 
 TASKS = [
     {"task_id": "right", "question": "What is calc: 6 * 7?", "answer": "42"},
@@ -107,6 +107,7 @@ def test_an_agenttune_judge_works_as_reward_func(tool_using_engine, tmp_path):
     ({"reward_func": lambda answer: 1.0}, r"cannot be called as \(data_source, solution_str, ground_truth, extra_info\)"),
     ({"reward_func": 3}, "reward_func is a int"),
     ({"agent": "missing.yaml"}, "the file does not exist"),
+    ({"agent": "gaia_agent:build_agnet"}, r"agent: module 'gaia_agent' has no attribute 'build_agnet'"),
 ])
 def test_bad_arguments_are_clear_errors(arguments, message):
     base = {"agent": gaia_agent.build_agent, "config": debug_config(), "reward_func": gaia_reward_func,
@@ -147,3 +148,19 @@ def test_the_cli_trains_the_example_with_the_local_backbone(tmp_path):
                         "--backbone", "local", "--run-dir", str(tmp_path / "run")], cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_trained(tmp_path / "run")
+
+
+def test_an_aworld_agent_config_file_is_accepted_as_aworld_train_does(tmp_path):
+    from agenttune.references import load_reference
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("name: yaml_agent\nsystem_prompt: Answer inside <answer></answer>.\n"
+                    "conf:\n  llm_config: {llm_provider: openai, llm_model_name: gpt-4o, llm_api_key: unused}\n",
+                    encoding="utf-8")
+    trainer = AgentTrainer(agent=str(path), config=debug_config(), reward_func=gaia_reward_func,
+                           train_dataset=TASKS, train_engine_name="debug")
+    agent = load_reference(trainer.config.section("aworld").agent)
+    assert (agent.name(), agent.system_prompt) == ("yaml_agent", "Answer inside <answer></answer>.")
+    assert trainer.config.workflow == "agenttune_aworld.workflow:AgentWorkflow"
+    assert trainer.config.judge.type == "reward_function"
+    assert trainer.config.judge.options() == {"function": "gaia_reward:gaia_reward_func"}

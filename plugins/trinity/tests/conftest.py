@@ -44,7 +44,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_config(data_dir: Path, tiny_model_path: Path):
-    """An agenttune config for the calculator agent (tests/tool_agent.py), with overrides."""
+    """An agenttune config for the calculator agent (agenttune.testing.agents), with overrides."""
     from agenttune.config_loader import apply_overrides, build_config
 
     def make(*overrides: str, **sections: Any) -> Any:
@@ -52,9 +52,9 @@ def make_config(data_dir: Path, tiny_model_path: Path):
             "project_name": "trinity-test",
             "experiment_name": "calc",
             "backbone": "trinity",
-            "workflow": "tool_agent:CalculatorWorkflow",
+            "workflow": "agenttune.testing.agents:CalculatorWorkflow",
             "task_reader": {"type": "file", "path": str(data_dir), "train_split": "train"},
-            "judge": {"type": "custom", "judge_protocol": "tool_agent:ExactAnswerJudge"},
+            "judge": {"type": "custom", "judge_protocol": "answer_judge:ExactAnswerJudge"},
             "model": {"path": str(tiny_model_path), "max_model_len": 1024},
             "rollout": {"num_repeat": 2, "max_env_worker": 4, "max_response_length_in_one_turn": 96,
                         "temperature": 0.9},

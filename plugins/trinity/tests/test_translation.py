@@ -192,7 +192,7 @@ def test_config_show_prints_a_config_trinity_loads(make_config, tmp_path: Path, 
 
     conf = tmp_path / "agent.yaml"
     conf.write_text(yaml.safe_dump({
-        "workflow": "tool_agent:CalculatorWorkflow",
+        "workflow": "agenttune.testing.agents:CalculatorWorkflow",
         "task_reader": {"type": "file", "path": str(data_dir)},
         "model": {"path": str(tiny_model_path)},
         "trainer": {"n_gpus_per_node": 8},

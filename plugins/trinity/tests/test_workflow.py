@@ -81,19 +81,24 @@ async def prepared_model(cfg, address: str):
     return model
 
 
-async def test_multi_turn_tool_episodes_become_experiences(trinity_run, tiny_tokenizer):
-    run, cfg = trinity_run
-    server = FakeVLLMServer(tiny_tokenizer, Scripted())
+async def run_the_40_plus_2_group(cfg, server: FakeVLLMServer, *, repeat: int, run_id_base: int = 0) -> list:
+    """What Trinity's runner does with one task: `repeat` episodes of "What is 40 + 2?" against `server`."""
     with serve_app(server.app()) as address:
         model = await prepared_model(cfg, address)
         [task] = [t for t in await trinity_tasks(cfg, 3) if json.loads(t.raw_task["agenttune_task"])["query"]
                   == "What is 40 + 2?"]
         workflow = task.to_workflow(model)
-        workflow.set_repeat_times(cfg.algorithm.repeat_times, run_id_base=0)  # what Trinity's runner does
+        workflow.set_repeat_times(repeat, run_id_base=run_id_base)
         try:
-            experiences = await workflow.run_async()
+            return await workflow.run_async()
         finally:
             await close_all()
+
+
+async def test_multi_turn_tool_episodes_become_experiences(trinity_run, tiny_tokenizer):
+    run, cfg = trinity_run
+    server = FakeVLLMServer(tiny_tokenizer, Scripted())
+    experiences = await run_the_40_plus_2_group(cfg, server, repeat=cfg.algorithm.repeat_times)
 
     # one Experience per episode (both calls merged into one sample), not one per LLM call
     assert len(server.calls) == 4 and len(experiences) == 2
@@ -141,15 +146,7 @@ async def test_experiences_round_trip_through_trinitys_serialization(trinity_run
 
     run, cfg = trinity_run
     server = FakeVLLMServer(tiny_tokenizer, Scripted())
-    with serve_app(server.app()) as address:
-        model = await prepared_model(cfg, address)
-        task = (await trinity_tasks(cfg, 1))[0]
-        workflow = task.to_workflow(model)
-        workflow.set_repeat_times(2, run_id_base=4)
-        try:
-            experiences = await workflow.run_async()
-        finally:
-            await close_all()
+    experiences = await run_the_40_plus_2_group(cfg, server, repeat=2, run_id_base=4)
     restored = Experience.deserialize_many(Experience.serialize_many(experiences))
     assert [e.eid.run for e in restored] == [e.eid.run for e in experiences] and {e.eid.run for e in restored} == {4, 5}
     for before, after in zip(experiences, restored, strict=True):
@@ -171,15 +168,7 @@ async def test_a_failing_episode_does_not_fail_the_group(trinity_run, tiny_token
         return TOOL_CALL if state["first_calls"] == 1 else None  # None: HTTP 500
 
     server = FakeVLLMServer(tiny_tokenizer, reply)
-    with serve_app(server.app()) as address:
-        model = await prepared_model(cfg, address)
-        [task] = [t for t in await trinity_tasks(cfg, 3) if "40 + 2" in t.raw_task["agenttune_task"]]
-        workflow = task.to_workflow(model)
-        workflow.set_repeat_times(2, run_id_base=0)
-        try:
-            experiences = await workflow.run_async()
-        finally:
-            await close_all()
+    experiences = await run_the_40_plus_2_group(cfg, server, repeat=2)
     records = list(read_records(run.run_dir / "rollouts" / "step_000001_train.jsonl"))
     failed = [record for record in records if record.status.failed]
     assert len(records) == 2 and len(failed) == 1, [record.status for record in records]

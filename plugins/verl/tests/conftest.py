@@ -20,6 +20,7 @@ from agenttune.config import AgentTuneConfig
 from agenttune.config_loader import load_config
 
 AGENTS_DIR = Path(__file__).parent / "agents"
+CALCULATOR = "agenttune.testing.agents:CalculatorWorkflow"
 TOOL_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 FINAL_ANSWER = "The answer is 5."
 
@@ -82,7 +83,7 @@ def write_tasks_file(directory: Path, split: str, count: int) -> Path:
 def agent_config(tmp_path: Path, tiny_model_path: Path) -> Any:
     """Build an agenttune config for the calculator agent on the tiny model (a real model directory)."""
 
-    def build(*overrides: str, workflow: str = "calculator:CalculatorWorkflow") -> AgentTuneConfig:
+    def build(*overrides: str, workflow: str = CALCULATOR) -> AgentTuneConfig:
         write_tasks_file(tmp_path, "train", 4)
         write_tasks_file(tmp_path, "test", 2)
         conf = tmp_path / "agent.yaml"
@@ -91,7 +92,7 @@ def agent_config(tmp_path: Path, tiny_model_path: Path) -> Any:
             "experiment_name": "calc",
             "backbone": "verl",
             "workflow": workflow,
-            "judge": {"type": "custom", "judge_protocol": "calculator:AnswerJudge"},
+            "judge": {"type": "custom", "judge_protocol": "verl_agents:AnswerJudge"},
             "model": {"path": str(tiny_model_path), "max_model_len": 1024},
             "task_reader": {"type": "file", "path": str(tmp_path / "{split}.jsonl"), "query_column": "question",
                             "ground_truth_column": "answer", "validation_split": "test"},
@@ -101,7 +102,7 @@ def agent_config(tmp_path: Path, tiny_model_path: Path) -> Any:
             "monitor": {"tensorboard": False},
         }), encoding="utf-8")
         config = load_config(conf, list(overrides))
-        config._source_dir = AGENTS_DIR  # the workflow module lives in tests/agents
+        config._source_dir = AGENTS_DIR  # the test agents' module lives in tests/agents
         return config
 
     return build

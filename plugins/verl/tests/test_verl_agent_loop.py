@@ -12,7 +12,7 @@ import json
 import pytest
 from agenttune_verl.agent_loop import WorkerRuntime
 from agenttune_verl.launch import prepare, verl_dir
-from conftest import FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob, load_like_main_ppo
+from conftest import CALCULATOR, FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob, load_like_main_ppo
 
 from agenttune.components import resolve
 from agenttune.rollout_log import RolloutLog, read_records
@@ -25,7 +25,7 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty":
 def prepared_run(agent_config, tmp_path):
     """An agenttune run directory prepared for verl, as `agenttune train --backbone verl` prepares it."""
 
-    def build(*overrides, workflow="calculator:CalculatorWorkflow"):
+    def build(*overrides, workflow=CALCULATOR):
         config = agent_config(*overrides, workflow=workflow)
         run = prepare_run(config, tmp_path / "run")
         prepare(run, resolve(config))
@@ -137,7 +137,7 @@ async def test_v1_worker_runs_the_tool_agent_and_stores_exact_tokens(prepared_ru
 
 async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepared_run, tiny_tokenizer, monkeypatch,
                                                                         teardown_runtimes):
-    run = prepared_run(workflow="calculator:RewritingWorkflow")
+    run = prepared_run(workflow="verl_agents:RewritingWorkflow")
     verl_config = load_like_main_ppo(run)
     server = FakeServerManager(tiny_tokenizer, ["Five, I think.", "The answer is 5."])
     worker, stored = tq_worker(verl_config, server, monkeypatch)
@@ -188,7 +188,7 @@ async def test_legacy_worker_batch_with_padding_and_truncation(prepared_run, tin
 
 
 async def test_a_failing_workflow_still_answers_verl(prepared_run, tiny_tokenizer, monkeypatch, teardown_runtimes):
-    run = prepared_run(workflow="calculator:CrashingWorkflow")
+    run = prepared_run(workflow="verl_agents:CrashingWorkflow")
     verl_config = load_like_main_ppo(run)
     server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
     worker, stored = tq_worker(verl_config, server, monkeypatch)

@@ -10,7 +10,7 @@ import sys
 from agenttune_verl.launch import CONFIG_NAME, prepare, trainer_command, verl_dir
 from agenttune_verl.metrics_bridge import MetricsFollower
 from agenttune_verl.rollout_files import LockedRolloutLog
-from conftest import load_like_main_ppo
+from conftest import CALCULATOR, load_like_main_ppo
 
 from agenttune.components import resolve
 from agenttune.episode import Episode, EpisodeStatus, Sample
@@ -47,7 +47,7 @@ def test_verls_entry_point_accepts_the_written_config(agent_config, tmp_path):
 def test_train_on_a_machine_without_gpus_stops_at_the_gpu_check(agent_config, tmp_path):
     config = agent_config()
     conf = tmp_path / "train.yaml"
-    conf.write_text(json.dumps({**config.model_dump(mode="json"), "workflow": "calculator:CalculatorWorkflow"}))
+    conf.write_text(json.dumps({**config.model_dump(mode="json"), "workflow": CALCULATOR}))
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(config.source_dir), os.environ.get("PYTHONPATH", "")]),
            "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}

@@ -29,6 +29,7 @@ class EpisodeChannel:
         self.sampling = sampling
         self.context_overflow = False
         self.trainable = True  # False once the engine answered with text instead of token ids
+        self.engine_failing = False  # the latest call failed in the inference engine (a 502)
         self.madness: list[str] = []  # the checks that fired, in order, each once
         self.madness_details: list[str] = []  # what each hit was about
         self.counters: Counter[str] = Counter()

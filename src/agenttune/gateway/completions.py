@@ -100,11 +100,13 @@ class ChatCompletions:
             return await self.engine.generate(prompt.ids, sampling, request_id=channel.episode_id), None
         except Exception as error:
             channel.counters["engine_errors"] += 1
+            channel.engine_failing = True
             raise GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}",
                                code="engine_error") from error
 
     def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
                 generation: Generation, exact: bool) -> ChatResult:
+        channel.engine_failing = False
         decoded = self._decode(channel, generation, exact)
         text = decoded.text
         if generation.finish_reason == "stop" and request.stop:
@@ -153,7 +155,7 @@ class ChatCompletions:
     def _check_madness(self, channel: EpisodeChannel, request: ChatRequest, text_ids: list[int],
                        parsed: ToolParse) -> None:
         if madness.NONSENSE in self.checks:
-            if any(token in self.renderer.special_ids for token in text_ids):
+            if madness.leaked_special_token(text_ids, self.renderer.special_ids):
                 channel.flag_madness(madness.NONSENSE, "a special token leaked into the reply")
             elif madness.repetition_loop(text_ids):
                 channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")

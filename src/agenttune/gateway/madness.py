@@ -19,9 +19,9 @@ NONSENSE = "nonsense"
 WRONG_TOOLCALL = "wrong_toolcall"
 
 
-def leaked_special_token(token_ids: list[int], special_ids: Collection[int]) -> bool:
-    """A special token anywhere but at the end (where the stop token belongs)."""
-    return any(token in special_ids for token in token_ids[:-1])
+def leaked_special_token(text_ids: list[int], special_ids: Collection[int]) -> bool:
+    """A special token in the reply's text (`text_ids`: the reply without its final stop token)."""
+    return any(token in special_ids for token in text_ids)
 
 
 def repetition_loop(token_ids: list[int]) -> bool:

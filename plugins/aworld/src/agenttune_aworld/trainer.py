@@ -50,7 +50,7 @@ class AgentTrainer:
         backbone: str | None = None,
         overrides: Sequence[str] = (),
     ):
-        if not agent:
+        if agent is None or agent == "":
             raise UserError("AgentTrainer needs an agent.",
                             hint="Pass agent=an AWorld Agent, a function returning one, or 'module:NAME'.")
         base = load_config(config, list(overrides), backbone=backbone or train_engine_name)
@@ -74,7 +74,12 @@ def agent_reference(agent: Any) -> str:
     """'module:NAME' for the agent: a reference as given, an AWorld agent config file, or the object."""
     if isinstance(agent, (str, os.PathLike)):
         text = os.fspath(agent)
-        return reference_for(_agent_from_file(text), label="agent") if text.endswith((".yaml", ".yml")) else text
+        if text.endswith((".yaml", ".yml")):
+            return reference_for(_agent_from_file(text), label="agent")
+        from agenttune.references import load_reference
+
+        load_reference(text, key="agent")  # a wrong reference fails here, not in every episode
+        return text
     return reference_for(agent, label="agent")
 
 
@@ -124,6 +129,7 @@ def _loaded_or_none(text: str) -> Any:
 def _agent_from_file(path: str) -> Any:
     """An Agent from an AWorld agent config file (AWorld Train's `agent='agent.yaml'`)."""
     from aworld.agents.llm_agent import Agent
+    from aworld.config import AgentConfig
     from aworld.config import load_config as load_aworld_config
 
     if not os.path.isfile(path):
@@ -132,4 +138,6 @@ def _agent_from_file(path: str) -> Any:
     if not settings:
         raise UserError(f"AgentTrainer(agent={path!r}): AWorld read no agent settings from it.",
                         hint="It must hold Agent(...) keyword arguments: name, system_prompt, mcp_config, ...")
+    if isinstance(settings.get("conf"), dict):  # Agent takes a dict only when it has every AgentConfig field
+        settings["conf"] = AgentConfig(**settings["conf"])
     return Agent(**settings)

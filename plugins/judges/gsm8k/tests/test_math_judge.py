@@ -14,17 +14,11 @@ from agenttune.config_loader import component_options
 from agenttune.judge import JudgeInput
 from agenttune.plugins import get_component
 from agenttune.task import Task
+from agenttune.testing.gsm8k import GSM8K_ROWS as FIRST_TRAIN_ROWS
 from agenttune.workflow import WorkflowOutput
 
 GSM8K_ROWS = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
-               "altogether in April and May.\n#### 72"},
-    {"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
-                 "How much did she earn?",
-     "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = "
-               "$<<0.2*50=10>>10.\n#### 10"},
+    *FIRST_TRAIN_ROWS,  # and two with answers GSM8K writes less often: a thousands separator, a decimal
     {"question": "A shop sold 1,250 pens on Monday and 750 on Tuesday. How many pens did it sell?",
      "answer": "1250 + 750 = <<1250+750=2000>>2000\n#### 2,000"},
     {"question": "A rope is 5 m long and is cut into 4 equal pieces. How long is each piece in metres?",

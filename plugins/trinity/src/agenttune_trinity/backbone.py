@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agenttune.backbone import Backbone
+from agenttune.backbone import Backbone, missing_validation_split
 from agenttune.errors import UserError
 from agenttune_trinity.translation import TrinityPaths, generated_config, trinity_config
 
@@ -22,8 +22,9 @@ class TrinityBackbone(Backbone):
     def check(cls, config: AgentTuneConfig) -> None:
         """Config-level checks only: GPUs and vLLM are looked for when the run finds its Ray cluster."""
         require_trinity()
-        for problem in config_problems(config):
-            raise problem
+        problems = config_problems(config)
+        if problems:
+            raise problems[0]
         generated_config(config, TrinityPaths.placeholder(config))  # raises what the table cannot translate
 
     @classmethod
@@ -50,12 +51,8 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
     if not config.model.path:
         problems.append(UserError("model.path is not set: Trinity-RFT needs the model to train.",
                                   hint="Set model.path to a Hugging Face model id or a local model directory."))
-    wants_validation = config.trainer.test_freq > 0 or config.trainer.val_before_train
-    if wants_validation and config.task_reader.validation_split is None:
-        problems.append(UserError(
-            "trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
-            "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
-                                "trainer.val_before_train=false."))
+    if validation := missing_validation_split(config):
+        problems.append(validation)
     if (config.trinity.get("model") or {}).get("lora_configs"):
         problems.append(UserError(
             "trinity.model.lora_configs is not supported with agenttune workflows: the gateway asks Trinity's "

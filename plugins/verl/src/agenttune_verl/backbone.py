@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, ClassVar
 
-from agenttune.backbone import Backbone
+from agenttune.backbone import Backbone, missing_validation_split
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
 from agenttune.run import Run
@@ -74,10 +74,6 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
             f"data.train_batch_size x rollout.num_repeat = {episodes} episodes per step do not split evenly over "
             f"{total_gpus(config)} GPUs (trainer.n_gpus_per_node x trainer.nnodes).",
             hint="Make data.train_batch_size x rollout.num_repeat a multiple of the number of GPUs."))
-    wants_validation = config.trainer.test_freq > 0 or config.trainer.val_before_train
-    if wants_validation and config.task_reader.validation_split is None:
-        problems.append(UserError(
-            "trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
-            "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
-                                "trainer.val_before_train=false."))
+    if validation := missing_validation_split(config):
+        problems.append(validation)
     return problems

@@ -25,6 +25,7 @@ from agenttune.errors import UserError
 from agenttune.metrics import MetricsLog
 from agenttune.model_loading import load_tokenizer, resolve_model_path
 from agenttune.rollout import sampling_params
+from agenttune.rollout_log import RolloutLog
 from agenttune.run import Run, get_logger
 from agenttune.task import Task
 
@@ -115,10 +116,14 @@ def _resume_checkpoint(run: Run) -> Path | None:
 
 
 def _forget_steps_after(run: Run, step: int) -> None:
-    """Drop metrics of steps after the checkpoint: they are about to be trained again."""
+    """Drop metrics and rollout logs of steps after the checkpoint: they are about to be trained again
+    (the rollout log appends, so a crashed run's episodes would otherwise stay beside the new ones)."""
     metrics = MetricsLog(run.metrics_path)
     kept = [record for record in metrics.read() if record.get("step", 0) <= step]
     run.metrics_path.write_text("".join(_json_line(record) for record in kept), encoding="utf-8")
+    for path in RolloutLog.for_run(run).files():  # step_{step:06d}_{split}.jsonl
+        if int(path.name.split("_")[1]) > step:
+            path.unlink()
 
 
 def _json_line(record: dict[str, Any]) -> str:
@@ -186,19 +191,24 @@ async def training_loop(run: Run, setup: Setup) -> None:
                     metrics = await _validate(session, setup, progress, step=0)
                     _write(metrics_log, trackers, 0, {"epoch": 0, **metrics})
                 for step in range(setup.start_step + 1, setup.total_steps + 1):
+                    last = step == setup.total_steps
                     metrics = await _train_step(session, setup, progress, step)
-                    if config.trainer.test_freq and setup.validation and (
-                            step % config.trainer.test_freq == 0 or step == setup.total_steps):
+                    if setup.validation and _every(config.trainer.test_freq, step, last):
                         metrics.update(await _validate(session, setup, progress, step=step))
                     _write(metrics_log, trackers, step, metrics)
                     progress.step_done(step, setup.order.epoch, metrics)
-                    if step == setup.total_steps or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
+                    if last or _every(config.trainer.save_freq, step, last=False):
                         progress.phase("saving")
                         _save(run, setup, step)
     finally:
         await engine.aclose()
         trackers.close()
     _finish(run)
+
+
+def _every(frequency: int, step: int, last: bool) -> bool:
+    """Every `frequency` steps and at the last one; never when `frequency` is 0."""
+    return frequency > 0 and (step % frequency == 0 or last)
 
 
 async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:

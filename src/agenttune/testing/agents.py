@@ -1,10 +1,19 @@
-"""A small multi-turn tool agent (plain OpenAI client code) and its judge, as a user would write them."""
+"""A small multi-turn tool agent for backbone tests: plain OpenAI client code, as a user writes it.
+
+`CalculatorWorkflow` offers the model one `add` tool, answers every call it makes, and stops at the
+first plain answer (or after `rollout.max_turns` calls). Configs name it by reference:
+
+    workflow: agenttune.testing.agents:CalculatorWorkflow
+
+Its `final_answer` is the last reply's text; the judge that scores it belongs to each test suite,
+since it depends on how that suite's tasks carry the expected answer.
+"""
 
 from __future__ import annotations
 
 import json
 
-from agenttune import Judge, JudgeInput, JudgeResult, Workflow, WorkflowOutput
+from agenttune.workflow import Workflow, WorkflowOutput
 
 ADD_TOOL = {
     "type": "function",
@@ -15,16 +24,16 @@ ADD_TOOL = {
                        "required": ["a", "b"]},
     },
 }
-SYSTEM = "You are a careful calculator. Use the add tool, then answer."
+SYSTEM = "Use the add tool."
 
 
 class CalculatorWorkflow(Workflow):
-    """Asks the model, runs the tool calls it makes, and stops at the first plain answer."""
+    """Asks the model, runs the `add` calls it makes, and stops at the first plain answer."""
 
     async def execute(self, task, tuner) -> WorkflowOutput:
         client = tuner.as_async_openai_client()
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.query}]
-        for _ in range(4):
+        for _ in range(tuner.config.rollout.max_turns):
             reply = await client.chat.completions.create(model=tuner.model_name, messages=messages, tools=[ADD_TOOL])
             message = reply.choices[0].message
             if not message.tool_calls:
@@ -35,15 +44,3 @@ class CalculatorWorkflow(Workflow):
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": str(arguments["a"] + arguments["b"])})
         return WorkflowOutput(metadata={"final_answer": None})
-
-
-class ExactAnswerJudge(Judge):
-    """Reward 1 when the final answer ends with the task's answer."""
-
-    name = "exact_answer"
-
-    def judge(self, judge_input: JudgeInput) -> JudgeResult:
-        answer = (judge_input.final_answer or "").strip().rstrip(".")
-        expected = str(judge_input.task.metadata["answer"])
-        solved = answer.endswith(expected)
-        return JudgeResult(reward=1.0 if solved else 0.0, success=solved)
