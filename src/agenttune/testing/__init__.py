@@ -5,7 +5,15 @@ point `pytest11`), so any test suite in an environment with agenttune installed 
 
     def test_something(tiny_model_path, tiny_tokenizer): ...
 
-Outside pytest, call the functions below. Nothing here downloads anything.
+Outside pytest, call the functions below. Nothing here downloads anything. Beside them:
+
+    gateways          a running gateway over the tiny tokenizer (`running_gateway`, `tiny_config`)
+    scripted_episode  one episode whose engine plays scripted replies, for agent-framework tests
+    agents            a small multi-turn tool agent, for backbone tests
+    gsm8k             GSM8K's first two train rows
+    loopback          serve an ASGI app on a free loopback port
+    judge_server      a scripted OpenAI-compatible chat server, for LLM-judge tests
+    faults            fault injection for reliability tests
 """
 
 from __future__ import annotations
