@@ -7,7 +7,8 @@ episode key. Side by side, in one run, at 1, 16, 64 and 256 concurrent episodes:
 
     direct       the same engine called with ready prompt ids (no gateway): the floor
     in-process   httpx through `channel.async_transport()`, gateway and clients on one event loop
-    http         httpx over loopback to the gateway in its own process (as out-of-process agents)
+    http         over loopback HTTP to the gateway in its own process (as out-of-process agents), with
+                 a minimal keep-alive HTTP/1.1 client (httpx would cost the client more than the server)
     bare-http    reference: the same HTTP stack (uvicorn + Starlette) returning a canned reply
 
     python bench/gateway_overhead.py                     # the table (about a minute)
@@ -204,26 +205,59 @@ async def run_in_process(concurrency: int, episodes: int) -> Result:
         return await drive(episode, concurrency, episodes)
 
 
+class RawConnection:
+    """A minimal keep-alive HTTP/1.1 client connection: the load generator must cost less than the server
+    it measures (httpx spends several times the gateway's CPU per call)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
+        self.reader, self.writer, self.host = reader, writer, host
+
+    @classmethod
+    async def open(cls, url: str) -> RawConnection:
+        host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        return cls(*await asyncio.open_connection(host, int(port)), host)
+
+    async def post(self, path: str, body: bytes, key: str) -> tuple[int, bytes]:
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {key}\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        status = int((await self.reader.readline()).split()[1])
+        length = 0
+        while (line := await self.reader.readline()) != b"\r\n":
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 async def run_http(server: ServerProcess, concurrency: int, episodes: int) -> Result:
-    import httpx
+    path = server.url.split("//", 1)[1].split("/", 1)[1]
+    free = [await RawConnection.open(server.url) for _ in range(concurrency)]
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        async def episode(index: int, latencies: list[float]) -> None:
-            headers = {"Authorization": f"Bearer {next(server.keys)}"}
+    async def episode(index: int, latencies: list[float]) -> None:
+        key, connection = next(server.keys), free.pop()
 
-            async def post(body: dict) -> dict:
-                response = await client.post(f"{server.url}/chat/completions", json=body, headers=headers)
-                assert response.status_code == 200, response.text
-                return response.json()
+        async def post(body: dict) -> dict:
+            status, reply = await connection.post(f"/{path}/chat/completions", json.dumps(body).encode(), key)
+            assert status == 200, reply
+            return json.loads(reply)
 
+        try:
             await conversation(post, index, latencies)
+        finally:
+            free.append(connection)
 
+    try:
         await drive(episode, concurrency, 20)
         cpu_before = server.cpu_seconds()
         result = await drive(episode, concurrency, episodes)
         result.server_us_per_call = (server.cpu_seconds() - cpu_before) / len(result.latencies) * 1e6
         return result
+    finally:
+        for connection in free:
+            connection.close()
 
 
 # -- the table ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ canned in-memory reply) and in the gateway, which bounds calls/s on the one core
 
     python bench/rollout_concurrency.py                        # C = 1, 16, 64, 128, 256, every workflow
     python bench/rollout_concurrency.py --levels 128 --workflows httpx --waves 8
+    python bench/rollout_concurrency.py --latency-ms 200         # an engine that takes longer per call
 
 Target: efficiency >= 0.9 at C = 128 (2 cores).
 """
@@ -93,11 +94,12 @@ class InstantJudge(Judge):
         return JudgeResult(reward=1.0, success=True)
 
 
-async def measure(workflow: type[Workflow], concurrency: int, episodes: int) -> tuple[float, float]:
+async def measure(workflow: type[Workflow], concurrency: int, episodes: int,
+                  latency_s: float = LATENCY_S) -> tuple[float, float]:
     """(measured seconds, ideal seconds) for `episodes` episodes, `concurrency` at a time."""
     tokenizer = tiny_tokenizer()
     reply = tokenizer.encode(TOOL_CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
-    engine = ScriptedEngine(tokenizer=tokenizer, responder=lambda prompt, sampling: reply, delay=LATENCY_S)
+    engine = ScriptedEngine(tokenizer=tokenizer, responder=lambda prompt, sampling: reply, delay=latency_s)
     config = tiny_config(model={"max_model_len": 8192},
                          rollout={"num_repeat": 1, "max_env_worker": concurrency, "episode_timeout": 600})
     tasks = [Task(task_id=f"t{index}", query=f"What is the capital of France? ({index})") for index in range(episodes)]
@@ -109,7 +111,7 @@ async def measure(workflow: type[Workflow], concurrency: int, episodes: int) -> 
         elapsed = time.perf_counter() - started
     failed = [episode for episode in results if episode.status.failed or episode.metrics.get("calls") != TURNS]
     assert not failed, f"{len(failed)} episodes failed: {failed[0].error}"
-    return elapsed, math.ceil(episodes / concurrency) * TURNS * LATENCY_S
+    return elapsed, math.ceil(episodes / concurrency) * TURNS * latency_s
 
 
 # -- CPU per call, side by side -------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def cpu_per_call(call, repeats: int = 200) -> float:
     return asyncio.run(run())
 
 
-def print_call_costs() -> None:
+def print_call_costs(latency_s: float) -> None:
     import httpx
     import openai
 
@@ -162,7 +164,7 @@ def print_call_costs() -> None:
         "openai-sync": cpu_per_call(sync_call),
     }
     gateway = gateway_cpu_per_call()
-    needed = 128 * TURNS / (TURNS * LATENCY_S)  # calls/s that keep 128 episodes busy
+    needed = 128 / latency_s  # calls/s that keep 128 episodes busy
     print(f"CPU per call (the conversation's last call, {len(messages)} messages): gateway {gateway:.0f} us; client "
           + ", ".join(f"{name} {cost:.0f} us" for name, cost in costs.items()))
     print(f"C=128 needs {needed:.0f} calls/s; one core gives at most 1e6 / (client + gateway) calls/s: "
@@ -204,25 +206,27 @@ def gateway_cpu_per_call() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,16,64,128,256", help="Concurrent episodes, comma-separated.")
+    parser.add_argument("--latency-ms", type=float, default=LATENCY_S * 1000, help="Engine latency per call.")
     parser.add_argument("--waves", type=int, default=4, help="Episodes = waves x concurrency (at least 8).")
     parser.add_argument("--workflows", default=",".join(WORKFLOWS), help="Comma-separated: " + ", ".join(WORKFLOWS))
     args = parser.parse_args()
     workflows = WORKFLOWS
-    print(f"{TURNS}-turn tool conversations, engine latency {LATENCY_S * 1000:.0f} ms per call, "
+    latency_s = args.latency_ms / 1000
+    print(f"{TURNS}-turn tool conversations, engine latency {args.latency_ms:.0f} ms per call, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print_call_costs()
+    print_call_costs(latency_s)
     print(f"{'workflow':12s} {'C':>5s} {'episodes':>9s} {'ideal s':>8s} {'measured s':>11s} {'efficiency':>11s} "
           f"{'calls/s':>8s}")
     efficiencies = {}
     for name in args.workflows.split(","):
         for level in (int(text) for text in args.levels.split(",")):
             episodes = max(8, args.waves * level)
-            measured, ideal = asyncio.run(measure(workflows[name], level, episodes))
+            measured, ideal = asyncio.run(measure(workflows[name], level, episodes, latency_s))
             efficiencies[name, level] = ideal / measured
             print(f"{name:12s} {level:5d} {episodes:9d} {ideal:8.2f} {measured:11.2f} {ideal / measured:11.3f} "
                   f"{episodes * TURNS / measured:8.0f}")
     for name in args.workflows.split(","):
-        if (name, 128) in efficiencies:
+        if (name, 128) in efficiencies and args.latency_ms == LATENCY_S * 1000:  # the target is set at 50 ms
             value = efficiencies[name, 128]
             print(f"target efficiency >= 0.9 at C=128 ({name}): {value:.3f} -> {'met' if value >= 0.9 else 'NOT met'}")
 

@@ -19,7 +19,13 @@ import pytest
 
 from agenttune.config_loader import load_config
 from agenttune.testing.faults import (
-    JOURNAL, PLAN, check_run, child_processes, failing_generate, leftover_threads, repeat_of,
+    JOURNAL,
+    PLAN,
+    check_run,
+    child_processes,
+    failing_generate,
+    leftover_threads,
+    repeat_of,
 )
 from agenttune.training import train_from_config
 

@@ -77,7 +77,7 @@ def test_quickstart_smoke(tmp_path, monkeypatch):
         "trainer.total_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
         "data.train_batch_size=2", "rollout.num_repeat=2", "data.val_batch_size=4",
         "local.warmup.steps=2", "local.warmup.batch_size=4",
-    ], data=tmp_path / "data")
+    ], data=tmp_path / "data", conversations=50)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in records] == [0, 1, 2]
     assert records[0]["val/episodes"] == 4 and records[2]["val/episodes"] == 4

@@ -83,26 +83,26 @@ def parse_final_answer(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def demonstration(row: dict[str, Any], *, use_tool: bool) -> dict[str, Any]:
-    """One warm-up conversation, always correct: call the calculator and report its result, or state
-    the right answer straight away ("from memory").
+def demonstration(rows: list[dict[str, Any]], *, use_tool: list[bool]) -> dict[str, Any]:
+    """One warm-up conversation in which the user asks the problems of `rows` one after the other.
 
-    A tiny model cannot imitate the second kind on new problems (it cannot multiply 3-digit numbers in
-    its head), but imitation alone does not tell it that: RL has to discover that calling the
-    calculator is what pays.
+    Every answer is correct: the assistant either calls the calculator and reports its result, or
+    states the right answer straight away ("from memory"). A tiny model cannot imitate the second
+    kind on new problems (it cannot multiply 3-digit numbers in its head), but imitation alone does
+    not tell it that: RL has to discover that calling the calculator is what pays. Several problems
+    per conversation share one system prompt, which makes the warm-up several times cheaper.
     """
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": row["query"]},
-    ]
-    if use_tool:
-        call = {"id": "call_0", "type": "function",
-                "function": {"name": "calculator", "arguments": {"expression": row["expression"]}}}
-        messages += [
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_0", "content": calculate(row["expression"])},
-        ]
-    messages.append({"role": "assistant", "content": final_answer_text(row["ground_truth"])})
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for index, (row, tool) in enumerate(zip(rows, use_tool, strict=True)):
+        messages.append({"role": "user", "content": row["query"]})
+        if tool:
+            call = {"id": f"call_{index}", "type": "function",
+                    "function": {"name": "calculator", "arguments": {"expression": row["expression"]}}}
+            messages += [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"call_{index}", "content": calculate(row["expression"])},
+            ]
+        messages.append({"role": "assistant", "content": final_answer_text(row["ground_truth"])})
     return {"messages": messages, "tools": [CALCULATOR_TOOL]}
 
 

@@ -27,21 +27,26 @@ sys.path.insert(0, str(HERE))
 from arithmetic import demonstration, make_tasks  # noqa: E402
 
 TRAIN_TASKS, VALIDATION_TASKS = 2000, 200
-# The warm-up teaches the format. Its demonstrations are all correct, but only 40% of them use
+# The warm-up teaches the format. Its demonstrations are all correct, but only 40% of the answers use
 # the calculator; the rest state the answer directly, which a tiny model cannot imitate on new problems.
 TOOL_FRACTION = 0.4
+DEMO_CONVERSATIONS, PROBLEMS_PER_CONVERSATION = 4000, 6
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def write_data(data: Path = DATA, seed: int = 0) -> None:
+def write_data(data: Path = DATA, seed: int = 0, *, conversations: int = DEMO_CONVERSATIONS) -> None:
     data.mkdir(parents=True, exist_ok=True)
     validation = make_tasks(VALIDATION_TASKS, seed=seed + 1)
     train = make_tasks(TRAIN_TASKS, seed=seed + 2, exclude={row["expression"] for row in validation})
     rng = random.Random(seed + 3)
-    demos = [demonstration(row, use_tool=rng.random() < TOOL_FRACTION) for row in train]
+    problems = make_tasks(conversations * PROBLEMS_PER_CONVERSATION, seed=seed + 4,
+                          exclude={row["expression"] for row in validation})
+    demos = [demonstration(problems[start:start + PROBLEMS_PER_CONVERSATION],
+                           use_tool=[rng.random() < TOOL_FRACTION for _ in range(PROBLEMS_PER_CONVERSATION)])
+             for start in range(0, len(problems), PROBLEMS_PER_CONVERSATION)]
     write_jsonl(data / "train.jsonl", train)
     write_jsonl(data / "validation.jsonl", validation)
     write_jsonl(data / "demos.jsonl", demos)
@@ -55,10 +60,10 @@ def before_and_after(run_dir: Path) -> tuple[float, float] | None:
     return (accuracy[0], accuracy[-1]) if len(accuracy) >= 2 else None
 
 
-def main(argv: list[str], data: Path = DATA) -> Path:
+def main(argv: list[str], data: Path = DATA, *, conversations: int = DEMO_CONVERSATIONS) -> Path:
     from agenttune.cli.main import main as agenttune
 
-    write_data(data)
+    write_data(data, conversations=conversations)
     run_dir = (Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv
                else Path("runs/quickstart") / time.strftime("%Y%m%d-%H%M%S"))
     if "--run-dir" not in argv:

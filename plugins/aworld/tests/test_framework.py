@@ -93,3 +93,22 @@ def test_aworld_logs_move_into_the_run_directory(tmp_path, imported_before):
         assert "after the redirect" not in (tmp_path / "logs" / "aworld.log").read_text()
     else:
         assert not (tmp_path / "logs").exists()
+
+
+async def test_failed_request_dumps_land_in_the_run_directory(tmp_path, monkeypatch):
+    from aworld.agents.llm_agent import LLMAgent
+
+    from agenttune_aworld.framework import LOG_FOLDER, AWorldFramework
+
+    original = LLMAgent._save_failed_request_context
+    monkeypatch.setattr(LLMAgent, "_save_failed_request_context", original)  # restored after the test
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    AWorldFramework().setup(tmp_path / "run")
+    agent = Agent(name="dumper", conf=AgentConfig(llm_provider="openai", llm_model_name="m",
+                                                  llm_base_url="http://127.0.0.1:9/v1", llm_api_key="k"))
+    await agent._save_failed_request_context(messages=[{"role": "user", "content": "hi"}], tools=[],
+                                             error="boom", attempt=1, context=None)
+    [dump] = (tmp_path / "run" / LOG_FOLDER / "failed_requests").iterdir()
+    assert json.loads(dump.read_text())["error"] == "boom"
+    assert not (tmp_path / "cwd" / "failed_requests").exists()

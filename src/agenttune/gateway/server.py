@@ -34,6 +34,7 @@ from agenttune.gateway.reasoning import get_reasoning_parser
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import completion_body, completion_events, dumps
 from agenttune.gateway.tool_parsers import get_tool_parser
+from agenttune.loopback import is_loopback
 
 log = structlog.get_logger("agenttune.gateway")
 
@@ -89,6 +90,8 @@ class Gateway:
                                 hint="Pick another gateway.port (0 picks a free one) or gateway.host.")
             await asyncio.sleep(0.005)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        if not is_loopback(settings.host):
+            log.warning(exposure_warning(settings.host, self.port))
         return self
 
     async def stop(self) -> None:
@@ -186,6 +189,13 @@ class Gateway:
                                     "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
                                code="invalid_api_key")
         return channel, agent or DEFAULT_AGENT
+
+
+def exposure_warning(host: str, port: int) -> str:
+    return (f"WARNING: the gateway listens on {host}:{port}, not on loopback: anyone who can reach this machine "
+            "can talk to the model under training, and the episode keys (sent in clear text over HTTP) are the "
+            "only protection. Keep gateway.host: 127.0.0.1 unless agents on other machines must reach it, "
+            "and then only on a trusted network.")
 
 
 def _allow(method: str, allowed: str) -> None:

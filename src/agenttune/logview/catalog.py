@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ class Catalog:
             return path
         if not STEP_FILE.match(path.name):
             raise PathRefused(f"{file_id!r} is not a rollout file (step_NNNNNN_SPLIT.jsonl).")
-        if not path.is_file():
+        if not _answers(path.is_file):
             raise NotFound(f"No rollout file {file_id!r}.")
         return path
 
@@ -105,7 +106,7 @@ class Catalog:
         if self.is_file:
             raise NotFound("A single rollout file has no metrics.")
         run = self._inside(run_id)
-        if not run.is_dir():
+        if not _answers(run.is_dir):
             raise NotFound(f"No run {run_id!r}.")
         return run / METRICS
 
@@ -153,3 +154,11 @@ class Catalog:
         relative = path.name if self.is_file else path.relative_to(self.root).as_posix()
         return StepFile(relative, path.name, int(match[1]) if match else None, match[2] if match else None,
                         stat.st_size, stat.st_mtime)
+
+
+def _answers(check: Callable[[], bool]) -> bool:
+    """`path.is_file()` / `is_dir()`, False where the file system refuses the question (a name too long)."""
+    try:
+        return check()
+    except OSError:
+        return False

@@ -6,7 +6,6 @@ The socket is bound here, before uvicorn starts, so a port already in use is a c
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
@@ -14,19 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agenttune.errors import UserError
+from agenttune.loopback import is_loopback
 
 DEFAULT_PORT = 8181
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 START_TIMEOUT_S = 10.0
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def exposure_warning(host: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Send AWorld's log files into the run directory instead of `./logs`.
+"""Send AWorld's log files (and failed-request dumps) into the run directory instead of `./logs`.
 
 AWorld opens its log files (aworld.log, llm.log, trajectory.log, ...) when `aworld.logs.util` is
 imported, in `$AWORLD_LOG_PATH`, default `<current directory>/logs`. When AWorld is not imported yet,
@@ -22,13 +22,40 @@ LOG_PATH_VARIABLE = "AWORLD_LOG_PATH"
 CONSOLE_VARIABLE = "AWORLD_DISABLE_CONSOLE_LOG"
 
 
+def redirect_failed_requests(directory: Path) -> None:
+    """Write AWorld's failed-request dumps under `directory`, not `<current directory>/failed_requests`.
+
+    `LLMAgent._save_failed_request_context` builds its path from `os.getcwd()`, and the working
+    directory cannot be changed per episode in one event loop, so the method is replaced.
+    """
+    import json
+    import time
+
+    from aworld.agents.llm_agent import LLMAgent
+
+    async def save_failed_request(agent: Any, messages: Any, tools: Any, error: str, attempt: int,
+                                  context: Any) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        session_id = getattr(context, "session_id", None) or "unknown"
+        path = directory / f"{agent.id()}_{session_id}_{time.strftime('%Y%m%d_%H%M%S')}.json"
+        record = {"agent": agent.name(), "session_id": session_id, "error": error, "attempt": attempt,
+                  "messages": messages, "tools": tools}
+        path.write_text(json.dumps(record, ensure_ascii=False, default=str, indent=2), encoding="utf-8")
+
+    LLMAgent._save_failed_request_context = save_failed_request
+
+
 def redirect_logs(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     os.environ[LOG_PATH_VARIABLE] = str(directory)  # loggers made from now on, MCP servers AWorld starts
     os.environ.setdefault(CONSOLE_VARIABLE, "true")
     util = sys.modules.get("aworld.logs.util")
-    if util is None:
-        return
+    if util is not None:
+        _reopen_all(util, directory)
+    redirect_failed_requests(directory / "failed_requests")  # imports aworld: after AWORLD_LOG_PATH is set
+
+
+def _reopen_all(util: Any, directory: Path) -> None:
     disable_console = os.environ[CONSOLE_VARIABLE].lower() in ("true", "1", "yes")
     for aworld_logger in [value for value in vars(util).values() if isinstance(value, util.AWorldLogger)]:
         old_files = _reopen(aworld_logger, util, disable_console)

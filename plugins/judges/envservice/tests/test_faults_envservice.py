@@ -26,7 +26,14 @@ from conftest import EnvServer, free_port, server_command, wait_healthy
 from agenttune import JudgeResult
 from agenttune.config_loader import load_config
 from agenttune.testing.faults import (
-    JOURNAL, FaultPlan, FaultyJudge, FaultyWorkflow, check_run, child_processes, failing_generate, leftover_threads,
+    JOURNAL,
+    FaultPlan,
+    FaultyJudge,
+    FaultyWorkflow,
+    check_run,
+    child_processes,
+    failing_generate,
+    leftover_threads,
 )
 from agenttune.training import train_from_config
 

@@ -137,8 +137,11 @@ def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any) -> None:
 
     config = run.config
     warmup = config.local.warmup
-    items = [demonstration_item(tokenizer, row["messages"], row.get("tools"))
-             for row in read_conversations(warmup.data)]
+    conversations = read_conversations(warmup.data)
+    needed = warmup.steps * warmup.batch_size
+    if needed < len(conversations):  # render only what the warm-up will see
+        conversations = random.Random(config.trainer.seed).sample(conversations, needed)
+    items = [demonstration_item(tokenizer, row["messages"], row.get("tools")) for row in conversations]
     log.info("supervised warm-up", demonstrations=len(items), steps=warmup.steps)
     started = time.perf_counter()
     with TrainingProgress(warmup.steps, label="warm-up") as progress:

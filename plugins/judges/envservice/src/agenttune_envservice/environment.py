@@ -41,7 +41,9 @@ log = get_logger("envservice.environment")
 METADATA_KEY = "env_service"
 # Releasing is cleanup: it must finish quickly even when the server is slow or gone.
 RELEASE_TIMEOUT_S = 10.0
-RELEASE_RETRY = RetryPolicy(attempts=2, backoff=0.2)
+# A leaked instance holds server resources for good, so release tries harder than a step; a server
+# known to have exited is not asked at all (see release()).
+RELEASE_RETRY = RetryPolicy(attempts=5, backoff=0.2)
 
 
 class EnvSpec(BaseModel):
