@@ -11,7 +11,7 @@ episode key. Side by side, in one run, at 1, 16, 64 and 256 concurrent episodes:
                  a minimal keep-alive HTTP/1.1 client (httpx would cost the client more than the server)
     bare-http    reference: the same HTTP stack (uvicorn + Starlette) returning a canned reply
 
-    python bench/gateway_overhead.py                     # the table (about a minute)
+    python bench/gateway_overhead.py                     # the table (about 20 s)
     python bench/gateway_overhead.py --levels 1,64 --scale 2
 
 Targets (2 cores): p50 added latency < 2 ms over HTTP at 1 episode; >= 1000 calls/s at 64 over

@@ -11,7 +11,6 @@ is killed once) is in plugins/judges/envservice/tests/test_faults_envservice.py.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,9 @@ from agenttune.config_loader import load_config
 from agenttune.testing.faults import (
     JOURNAL,
     PLAN,
+    Snapshot,
     check_run,
-    child_processes,
     failing_generate,
-    leftover_threads,
     repeat_of,
 )
 from agenttune.training import train_from_config
@@ -62,12 +60,12 @@ def config_for(tmp_path: Path, **sections: Any) -> Any:
 
 @pytest.fixture
 def faults(monkeypatch):
-    """Inject engine faults into the hf engine; yield the threads alive before the run."""
+    """Inject engine faults into the hf engine; yield what was running before the run."""
     from agenttune.engines.hf import HFEngine
 
     JOURNAL.clear()
     monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))
-    yield {thread.ident for thread in threading.enumerate()}
+    yield Snapshot.take()
     JOURNAL.clear()
 
 
@@ -87,8 +85,7 @@ def test_a_debug_run_finishes_and_counts_every_failure(tmp_path, faults):
     run = train_from_config(config, run_dir=tmp_path / "run")
     [report] = check_run(run.run_dir, steps=[1], episodes_per_step=8 * NUM_REPEAT)
     assert {"ok", "workflow_error", "timeout", "engine_error", "judge_error"} <= set(report.statuses)
-    assert leftover_threads(faults) == []
-    assert child_processes() == []
+    assert faults.new_threads() == [] and faults.new_children() == {}
 
 
 def test_a_local_training_run_finishes_its_steps_and_counts_every_failure(tmp_path, faults):
@@ -106,5 +103,4 @@ def test_a_local_training_run_finishes_its_steps_and_counts_every_failure(tmp_pa
         assert step["train/failed_episodes_skipped"] == failed
     assert sum(step["train/updates"] for step in metrics) >= 1 and sum(step["train/trained_tokens"] for step in metrics) > 0
     assert (run.checkpoints_dir / "step_000003" / "state.json").exists()
-    assert leftover_threads(faults) == []
-    assert child_processes() == []
+    assert faults.new_threads() == [] and faults.new_children() == {}

@@ -17,9 +17,9 @@ agenttune.testing.faults:FaultyJudge`) scores it:
 
 The engine faults need `failing_generate` wrapped around the engine class's `generate` (e.g.
 `monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))`). `JOURNAL`
-records what each episode was given. `check_run` and `leftover_threads` / `child_processes` check a
-finished run: every step written, no episode missing from the rollout log, every failure counted by
-cause in metrics.jsonl, nothing left running.
+records what each episode was given. `check_run` checks a finished run (every step written, no
+episode missing from the rollout log, every failure counted by cause in metrics.jsonl) and
+`Snapshot` what it left running (threads, child processes).
 """
 
 from __future__ import annotations
@@ -228,27 +228,42 @@ def check_run(run_dir: Path, *, steps: list[int], episodes_per_step: int, split:
 LIBRARY_THREADS = frozenset({"tqdm_monitor"})
 
 
-def leftover_threads(before: set[int], *, grace_s: float = 10.0) -> list[str]:
-    """Names of threads started since `before` (a set of thread idents) still alive after `grace_s`."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        extra = [thread.name for thread in threading.enumerate()
-                 if thread.ident not in before and thread.name not in LIBRARY_THREADS]
-        if not extra or time.monotonic() > deadline:
-            return extra
-        time.sleep(0.1)
+@dataclass
+class Snapshot:
+    """The threads and child processes alive at one moment, to find what a run left behind."""
+
+    threads: set[int]
+    children: set[int]
+
+    @classmethod
+    def take(cls) -> Snapshot:
+        return cls({thread.ident for thread in threading.enumerate()}, set(child_processes()))
+
+    def new_threads(self, *, grace_s: float = 10.0) -> list[str]:
+        """Names of threads started since, still alive after up to `grace_s` (they may be winding down)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            extra = [thread.name for thread in threading.enumerate()
+                     if thread.ident not in self.threads and thread.name not in LIBRARY_THREADS]
+            if not extra or time.monotonic() > deadline:
+                return extra
+            time.sleep(0.1)
+
+    def new_children(self) -> dict[int, str]:
+        """Child processes started since and still alive: pid -> command line."""
+        return {pid: command for pid, command in child_processes().items() if pid not in self.children}
 
 
-def child_processes() -> list[str]:
-    """Command lines of this process's live children (Linux /proc)."""
-    children = []
+def child_processes() -> dict[int, str]:
+    """This process's live children: pid -> command line (Linux /proc)."""
+    children = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                children.append((entry / "cmdline").read_text().replace("\0", " ").strip())
+                children[int(entry.name)] = (entry / "cmdline").read_text().replace("\0", " ").strip()
         except (OSError, IndexError, ValueError):
             continue  # it ended while we looked
     return children

@@ -30,10 +30,9 @@ from agenttune.testing.faults import (
     FaultPlan,
     FaultyJudge,
     FaultyWorkflow,
+    Snapshot,
     check_run,
-    child_processes,
     failing_generate,
-    leftover_threads,
 )
 from agenttune.training import train_from_config
 
@@ -111,7 +110,7 @@ def faults(monkeypatch):
     JOURNAL.clear()
     ENVIRONMENTS.clear()
     monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))
-    yield {thread.ident for thread in threading.enumerate()}
+    yield Snapshot.take()
     JOURNAL.clear()
 
 
@@ -187,6 +186,6 @@ def test_a_run_survives_a_flaky_and_once_killed_environment_server(backbone, tmp
     records = [json.loads(line) for path in sorted((run.run_dir / "rollouts").glob("*.jsonl"))
                for line in path.read_text().splitlines()]
     assert sum(lost_with_the_server(record) for record in records) > 0, "the kill failed no episode at all"
-    assert leftover_threads(faults) == []
-    children = child_processes()  # only the test's own (restarted) server
-    assert len(children) == 1 and "demo_server" in children[0], children
+    assert faults.new_threads() == []
+    started = faults.new_children()
+    assert list(started) == [killer.restarted.process.pid], started  # only the test's own restarted server
