@@ -124,3 +124,16 @@ def test_record_schema_rejects_misaligned_tokens():
                      prompt_tokens=["a"], response_tokens=["b"])
     schema = RolloutRecord.model_json_schema()
     assert {"step", "split", "samples", "status", "reward", "messages"} <= set(schema["properties"])
+
+
+def test_records_read_back_can_be_written_again(tmp_path):
+    tokenizer = tiny_tokenizer()
+    ids = tokenizer.encode("hello", add_special_tokens=False)
+    episode = Episode(episode_id="e1", task=Task(task_id="t1"), group_id="g",
+                      samples=[Sample(prompt_ids=ids, response_ids=ids, loss_mask=[1] * len(ids),
+                                      logprobs=[-0.5] * len(ids))])
+    log = RolloutLog(tmp_path / "first")
+    [record] = read_records(log.write(1, "train", [episode], tokenizer))
+    [again] = read_records(RolloutLog(tmp_path / "second").write(2, "train", [record], tokenizer))
+    assert again.step == 2 and again.samples[0].response_ids == ids
+    assert again.samples[0].response_tokens == record.samples[0].response_tokens

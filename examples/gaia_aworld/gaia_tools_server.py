@@ -12,6 +12,7 @@ below, so GAIA-style questions (look something up, then compute with it) have ex
 # No `from __future__ import annotations`: FastMCP 1.10 reads the tools' annotations as classes.
 import argparse
 import ast
+import math
 import operator
 import socket
 import sys
@@ -70,14 +71,23 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> str:
     return f"{value * LENGTHS[from_unit] / LENGTHS[to_unit]:g}"
 
 
+MAX_DIGITS = 100
+
+
+def _bounded(value: float) -> float:
+    if abs(value) >= 10**MAX_DIGITS:
+        raise ValueError("result too large")
+    return value
+
+
 def _evaluate(node: ast.AST) -> float:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
         left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 100:
-            raise ValueError("exponent too large")
-        return OPERATORS[type(node.op)](left, right)
+        if isinstance(node.op, ast.Pow) and abs(left) > 1 and right * math.log10(abs(left)) > MAX_DIGITS:
+            raise ValueError("result too large")  # checked before computing: a huge power hangs the server
+        return _bounded(OPERATORS[type(node.op)](left, right))
     if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
         return OPERATORS[type(node.op)](_evaluate(node.operand))
     raise ValueError(f"unsupported expression element {type(node).__name__}")

@@ -71,13 +71,15 @@ class TokenText:
 def to_record(episode: Episode, *, step: int, split: str, token_text: TokenText | None) -> RolloutRecord:
     samples = [
         LoggedSample(
-            **sample.model_dump(),
+            # a record read back from a log carries token text already: take the plain Sample fields
+            **sample.model_dump(include=set(Sample.model_fields)),
             prompt_tokens=token_text(sample.prompt_ids) if token_text else [],
             response_tokens=token_text(sample.response_ids) if token_text else [],
         )
         for sample in episode.samples
     ]
-    return RolloutRecord(**episode.model_dump(exclude={"samples"}), samples=samples, step=step, split=split)
+    fields = episode.model_dump(include=set(Episode.model_fields) - {"samples"})
+    return RolloutRecord(**fields, samples=samples, step=step, split=split)
 
 
 class RolloutLog:
