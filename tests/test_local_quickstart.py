@@ -44,7 +44,7 @@ def test_the_agent_calls_the_tool_through_the_gateway_and_is_judged(tmp_path, ru
         "workflow": "calculator_agent:CalculatorAgent",
         "judge": {"judge_protocol": "arithmetic:ArithmeticJudge"},
         "task_reader": {"type": "file", "path": str(tmp_path / "train.jsonl")},
-        "model": {"path": "tiny://quickstart"},
+        "model": {"path": "tiny://default"},
         "engine": {"type": "scripted", "replies": [call, "The answer is 9735."]},
         "rollout": {"num_repeat": 1},
     })
@@ -61,7 +61,7 @@ def test_the_agent_calls_the_tool_through_the_gateway_and_is_judged(tmp_path, ru
     assert record.messages[3]["content"] == "9735"
     [sample] = record.samples
     assert sample.num_calls == 2
-    tokenizer = tiny_tokenizer("quickstart")
+    tokenizer = tiny_tokenizer("default")
     trained = [token for token, mask in zip(sample.response_ids, sample.loss_mask, strict=True) if mask]
     expected = tokenizer.encode(call + "<|im_end|>" + "The answer is 9735.<|im_end|>", add_special_tokens=False)
     assert trained == expected

@@ -51,11 +51,16 @@ def _evaluate(node: ast.AST) -> int:
 
 
 def make_problem(rng: random.Random) -> tuple[str, int]:
-    """An expression like `347 * 28 + 19`: easy to copy, hard to compute without the tool."""
-    a, b, c = rng.randint(10, 999), rng.randint(2, 99), rng.randint(1, 99)
-    first, second = rng.choice("+-*"), rng.choice("+-")
-    expression = f"{a} {first} {b} {second} {c}"
-    return expression, int(calculate(expression))
+    """`347 * 28`: a 3-digit times a 2-digit number with a 5-digit product.
+
+    Impossible to do in a tiny model's head, trivial with the calculator. Every problem has the same
+    shape, so copying it into the tool call (and the tool's result into the answer) is a fixed
+    shift that a tiny transformer can learn quickly.
+    """
+    while True:
+        a, b = rng.randint(100, 999), rng.randint(10, 99)
+        if a * b >= 10_000:
+            return f"{a} * {b}", a * b
 
 
 def make_tasks(count: int, seed: int, *, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:
