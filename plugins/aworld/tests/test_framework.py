@@ -96,9 +96,8 @@ def test_aworld_logs_move_into_the_run_directory(tmp_path, imported_before):
 
 
 async def test_failed_request_dumps_land_in_the_run_directory(tmp_path, monkeypatch):
-    from aworld.agents.llm_agent import LLMAgent
-
     from agenttune_aworld.framework import LOG_FOLDER, AWorldFramework
+    from aworld.agents.llm_agent import LLMAgent
 
     original = LLMAgent._save_failed_request_context
     monkeypatch.setattr(LLMAgent, "_save_failed_request_context", original)  # restored after the test
