@@ -164,7 +164,7 @@ class WarmupConfig(Section):
     )
     steps: int = Field(default=100, ge=0, description="Warm-up optimizer steps.")
     batch_size: int = Field(default=32, gt=0, description="Conversations per warm-up step.")
-    learning_rate: float = Field(default=1e-3, gt=0, description="Warm-up peak learning rate (decays linearly to 0).")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Warm-up learning rate (constant, then a linear decay to 0 over the last 20% of the steps).")
 
 
 class LocalConfig(Section):

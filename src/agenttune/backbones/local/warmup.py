@@ -71,6 +71,22 @@ def demonstration_item(tokenizer: Any, messages: list[dict[str, Any]], tools: li
     return TrainItem(list(encoded["input_ids"]), mask, [0.0] * len(mask), advantage=0.0)
 
 
+def _constant_then_decay(steps: int, decay_fraction: float = 0.2):
+    """Full learning rate, then a linear decay to 0 over the last `decay_fraction` of the steps.
+
+    Small models learn some skills (copying a number from the context) abruptly after a plateau;
+    a rate that starts decaying early can stall them just before that happens.
+    """
+    decay_start = int(steps * (1 - decay_fraction))
+
+    def factor(step: int) -> float:
+        if step < decay_start:
+            return 1.0
+        return max(0.0, 1.0 - (step - decay_start) / max(steps - decay_start, 1))
+
+    return factor
+
+
 def supervised_warmup(
     model: torch.nn.Module,
     items: list[TrainItem],
@@ -87,7 +103,7 @@ def supervised_warmup(
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate,
                                   weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / max(steps, 1))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _constant_then_decay(steps))
     rng = random.Random(seed)
     order: list[int] = []
     metrics: dict[str, float] = {}
