@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from agenttune.engine import SamplingParams
 from agenttune.episode import Episode, EpisodeStatus
 from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.rollout_gc import rollout_gc
 from agenttune.run import get_logger
 from agenttune.task import Task
 from agenttune.tuner import FrameworkLoader, ModelTuner
@@ -103,12 +104,13 @@ class RolloutEngine:
             async with slots:
                 return await self.run_episode(task, sampling, group_id=group_id, repeat_index=repeat_index)
 
-        async with asyncio.TaskGroup() as group:
-            jobs = [
-                group.create_task(in_slot(task, f"{batch}-{index}", repeat))
-                for index, task in enumerate(tasks)
-                for repeat in range(num_repeat)
-            ]
+        with rollout_gc():  # collection pauses would stall every episode on the event loop
+            async with asyncio.TaskGroup() as group:
+                jobs = [
+                    group.create_task(in_slot(task, f"{batch}-{index}", repeat))
+                    for index, task in enumerate(tasks)
+                    for repeat in range(num_repeat)
+                ]
         return [job.result() for job in jobs]
 
     async def run_episode(self, task: Task, sampling: SamplingParams, *, group_id: str,

@@ -82,7 +82,7 @@ class ScriptedEngine(InferenceEngine):
         stop_ids = set(sampling.stop_token_ids)
         if self._eos is not None:
             stop_ids.add(self._eos)
-        stop_strings = StopStrings(self.tokenizer, sampling.stop) if self.tokenizer is not None else None
+        stop_strings = StopStrings(self.tokenizer, sampling.stop) if self.tokenizer is not None and sampling.stop else None
         end = next((at + 1 for at, token in enumerate(ids) if token in stop_ids), len(ids))
         if stop_strings:
             end = next((at for at in range(1, end + 1) if stop_strings.hit(ids[:at])), end)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -12,6 +11,7 @@ from agenttune.engine import Generation, InferenceEngine, SamplingParams
 from agenttune.gateway import madness
 from agenttune.gateway.channel import EpisodeChannel
 from agenttune.gateway.errors import GatewayError
+from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.reasoning import ThinkParser
 from agenttune.gateway.rendering import ChatRenderer
@@ -126,7 +126,7 @@ class ChatCompletions:
                         for token, logprob in zip(decoded.text_ids, generation.logprobs, strict=False)]
         calls = reply.get("tool_calls")
         message = {**reply, "content": reply["content"] if (reply["content"] or not calls) else None}
-        return ChatResult(request, "chatcmpl-" + secrets.token_hex(12), int(time.time()), message,
+        return ChatResult(request, random_id("chatcmpl-"), int(time.time()), message,
                           "tool_calls" if calls else generation.finish_reason, len(prompt.ids),
                           len(decoded.token_ids), logprobs)
 

@@ -21,7 +21,8 @@ WRONG_TOOLCALL = "wrong_toolcall"
 
 def leaked_special_token(text_ids: list[int], special_ids: Collection[int]) -> bool:
     """A special token in the reply's text (`text_ids`: the reply without its final stop token)."""
-    return any(token in special_ids for token in text_ids)
+    ids = special_ids if isinstance(special_ids, (set, frozenset)) else set(special_ids)
+    return not ids.isdisjoint(text_ids)
 
 
 def repetition_loop(token_ids: list[int]) -> bool:

@@ -172,22 +172,58 @@ def _generation_tag() -> type:
     return GenerationTag
 
 
+def _sandbox() -> type:
+    """Jinja's immutable sandbox, with a fast path for the plain dicts that messages and tools are.
+
+    `message.role` in a template makes the sandbox try `getattr(message, "role")` first, which on a
+    dict raises (and costs an exception) before it falls back to `message["role"]`. A plain dict has
+    no attributes but the dict type's, so for any other name the lookup goes straight to the key,
+    with the sandbox's answer (the value, or undefined).
+    """
+    from jinja2.runtime import LoopContext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    dict_attributes = frozenset(dir(dict))
+
+    class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            if type(obj) is dict and attribute not in dict_attributes:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            if type(obj) is LoopContext and not attribute.startswith("_"):  # `loop.first`: always safe
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    return self.undefined(obj=obj, name=attribute)
+            return super().getattr(obj, attribute)
+
+    return ChatTemplateSandbox
+
+
 def _compile(source: str) -> Any:
     """Compile like transformers' apply_chat_template: sandboxed, trimmed blocks, its tojson."""
     import jinja2
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
+    plain = json.JSONEncoder(ensure_ascii=False)  # what templates ask for nearly always: made once
+
     def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
                sort_keys: bool = False) -> str:
+        if not (ensure_ascii or indent is not None or separators is not None or sort_keys):
+            return plain.encode(value)
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[loopcontrols, _generation_tag()])
+    environment = _sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_tag()])
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return environment.from_string(source)
+    template = environment.from_string(source)
+    # Its globals are a ChainMap over the environment's, which every render copies key by key into
+    # the new context; the same names in a plain dict copy several times faster.
+    template.globals = dict(template.globals)
+    return template

@@ -176,7 +176,7 @@ def _reply_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | Non
         return "reply_missing"
     if (theirs.get("content") or "") != (ours.get("content") or ""):
         return "reply_modified"
-    if _calls_key(theirs) != _calls_key(ours):
+    if not _same_calls(theirs, ours):
         return "reply_modified"
     our_reasoning, their_reasoning = ours.get("reasoning_content"), theirs.get("reasoning_content")
     if our_reasoning and not their_reasoning:
@@ -184,6 +184,15 @@ def _reply_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | Non
     if (their_reasoning or None) != (our_reasoning or None):
         return "reply_modified"
     return None
+
+
+def _same_calls(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """Whether the tool calls are ours: sent back as they were, or with the arguments re-serialised."""
+    return _calls_text(theirs) == _calls_text(ours) or _calls_key(theirs) == _calls_key(ours)
+
+
+def _calls_text(message: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or []]
 
 
 def _calls_key(message: dict[str, Any]) -> list[tuple[str, Any]]:

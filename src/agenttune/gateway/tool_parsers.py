@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agenttune.errors import UserError
+from agenttune.gateway.ids import random_id
 
 
 @dataclass
@@ -54,7 +54,7 @@ def get_tool_parser(name: str) -> ToolParser:
 
 
 def new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
+    return random_id("call_")
 
 
 def tool_call(name: str, arguments: str) -> dict[str, Any]:
