@@ -17,17 +17,18 @@ import asyncio
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agenttune.errors import UserError
-from agenttune.http_retry import RetryPolicy, should_retry_status
 from agenttune.judge import Judge, JudgeInput, JudgeResult
-from agenttune.run import get_logger
 
-log = get_logger("judges.llm_judge")
+if TYPE_CHECKING:
+    import httpx
+
+# httpx, the retry helpers and the run's logging are imported where they are used: registering
+# this judge (which every `agenttune` command does, `--help` included) must stay cheap.
 
 DEFAULT_SYSTEM_PROMPT = "You are a strict, fair grader of an AI agent's work. Follow the rubric exactly."
 
@@ -149,6 +150,8 @@ class LLMJudge(Judge):
     Options = LLMJudgeOptions
 
     def __init__(self, options: LLMJudgeOptions | None = None):
+        from agenttune.http_retry import RetryPolicy
+
         super().__init__(options)
         self.options: LLMJudgeOptions
         self.endpoint = resolve_endpoint(self.options)
@@ -162,7 +165,9 @@ class LLMJudge(Judge):
         except LLMJudgeError as error:
             if self.options.on_failure == "exclude":
                 raise
-            log.warning("llm judge failed; giving the failure reward", error=str(error))
+            from agenttune.run import get_logger
+
+            get_logger("judges.llm_judge").warning("llm judge failed; giving the failure reward", error=str(error))
             return JudgeResult(reward=self.options.failure_reward, success=False,
                                details={"judge_failed": True, "judge_error": str(error)})
         reward = self.normalise(score)
@@ -196,6 +201,8 @@ class LLMJudge(Judge):
 
     async def grade(self, messages: list[dict[str, str]]) -> tuple[float, str, int]:
         """(score, the judge's reply, attempts made); LLMJudgeError when no attempt gave a score."""
+        import httpx
+
         body = {"model": self.endpoint.model, "messages": messages, "temperature": self.options.temperature,
                 "max_tokens": self.options.max_tokens, **self.options.extra_body}
         problems: list[str] = []
@@ -220,6 +227,10 @@ class LLMJudge(Judge):
 
     async def _ask(self, client: httpx.AsyncClient, body: dict[str, Any]) -> str:
         """One request: the reply text. _Retryable when another try may help, LLMJudgeError when not."""
+        import httpx
+
+        from agenttune.http_retry import should_retry_status
+
         try:
             response = await client.post("/chat/completions", json=body)
         except httpx.TransportError as error:

@@ -18,10 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.run import get_logger
-
-log = get_logger("gsm8k.verifier")
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -118,7 +114,10 @@ class MathVerifier:
                 worker = self._take()
             except WorkerFailed as error:
                 self._unavailable = str(error)
-                log.warning("math-verify cannot run; answers are checked strictly", error=str(error))
+                from agenttune.run import get_logger  # here: importing it costs `agenttune --help` 0.1 s
+
+                get_logger("gsm8k.verifier").warning("math-verify cannot run; answers are checked strictly",
+                                                     error=str(error))
                 return Verdict(None, str(error))
             started = time.monotonic()
             try:
