@@ -5,7 +5,7 @@
 1. writes the task files (2,000 training problems, 200 held-out ones) and the warm-up demonstrations
    into examples/quickstart/data/ — everything is generated here, nothing is downloaded;
 2. runs `agenttune train --conf examples/quickstart/quickstart.yaml` (the local GRPO backbone on CPU):
-   a short supervised warm-up, a validation pass, then RL, validating every 5 steps;
+   a short supervised warm-up, a validation pass, then RL, validating every 2 steps;
 3. prints held-out accuracy before and after RL. The run directory holds metrics.jsonl, the rollout
    log, checkpoints, TensorBoard files and training_curves.png.
 
@@ -27,9 +27,9 @@ sys.path.insert(0, str(HERE))
 from arithmetic import demonstration, make_tasks  # noqa: E402
 
 TRAIN_TASKS, VALIDATION_TASKS = 2000, 200
-# The warm-up teaches the format. Its demonstrations are all correct, but only 40% of the answers use
+# The warm-up teaches the format. Its demonstrations are all correct, but only 30% of the answers use
 # the calculator; the rest state the answer directly, which a tiny model cannot imitate on new problems.
-TOOL_FRACTION = 0.4
+TOOL_FRACTION = 0.3
 DEMO_CONVERSATIONS, PROBLEMS_PER_CONVERSATION = 4000, 6
 
 
