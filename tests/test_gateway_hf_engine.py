@@ -164,3 +164,24 @@ async def test_hf_engine_behind_the_gateway_batches_concurrent_episodes(tiny_mod
         assert sample.num_calls == 2
         assert sum(sample.loss_mask) == channel.metrics()["generated_tokens"]
     await engine.aclose()
+
+
+async def test_requests_trickling_in_together_share_one_batch(tiny_model, tiny_tokenizer, prompts):
+    """A group's requests reach the engine one after another; batch_wait_ms lets them meet in one batch."""
+    sampling = SamplingParams(temperature=1.0, max_tokens=4)
+    prompt_ids = ids(tiny_tokenizer, prompts[2])
+
+    async def trickle(engine: HFEngine, count: int = 12) -> None:
+        tasks = []
+        for _ in range(count):
+            tasks.append(asyncio.create_task(engine.generate(prompt_ids, sampling)))
+            await asyncio.sleep(0.001)  # the client and gateway of the next episode at work
+        await asyncio.gather(*tasks)
+        await engine.aclose()
+
+    patient = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=25, max_batch_wait_ms=1000)
+    await trickle(patient)
+    assert patient.batch_sizes == [12]
+    eager = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
+    await trickle(eager)
+    assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) == 12

@@ -32,6 +32,12 @@ class HFOptions(BaseModel):
 
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N (ignored when a model is shared).")
     max_batch_size: int = Field(default=64, gt=0, description="Most requests decoded together in one batch.")
+    batch_wait_ms: float = Field(
+        default=2.0, ge=0,
+        description="Before a batch starts, how long to wait for the next request to arrive: requests sent "
+                    "together (a group of episodes starting at once) then share one batch instead of "
+                    "the first one running alone. 0 starts at once.")
+    max_batch_wait_ms: float = Field(default=50.0, ge=0, description="The longest a batch waits to fill up.")
 
 
 @dataclass
@@ -49,10 +55,12 @@ class HFEngine(InferenceEngine):
     name: ClassVar[str] = "hf"
     Options: ClassVar[type[BaseModel]] = HFOptions
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_model_len: int | None = None):
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_model_len: int | None = None,
+                 batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.batch_wait_s, self.max_batch_wait_s = batch_wait_ms / 1000, max_batch_wait_ms / 1000
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None) or 1 << 30
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos_ids = stop_token_set((), eos, tokenizer.eos_token_id)
@@ -69,7 +77,8 @@ class HFEngine(InferenceEngine):
             from agenttune.model_loading import load_model
 
             model = load_model(config.model, device=options.device)
-        return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_model_len=config.model.max_model_len)
+        return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_model_len=config.model.max_model_len,
+                   batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -104,6 +113,7 @@ class HFEngine(InferenceEngine):
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
+            await self._gather()
             while self._pending:
                 batch = [request for request in self._pending[: self.max_batch_size] if not request.future.done()]
                 del self._pending[: self.max_batch_size]
@@ -116,6 +126,21 @@ class HFEngine(InferenceEngine):
                     for request in batch:
                         if not request.future.done():
                             request.future.set_exception(error)
+
+    async def _gather(self) -> None:
+        """Wait while requests keep arriving (each within `batch_wait_s` of the last), up to a full batch.
+
+        Episodes of a group start together, but each request reaches the engine only after its client
+        and the gateway have handled it, one after another on the event loop; starting at the first
+        one would decode it alone while the rest queue for the next batch.
+        """
+        if not self.batch_wait_s:
+            return
+        deadline = asyncio.get_running_loop().time() + self.max_batch_wait_s
+        seen = 0
+        while seen < len(self._pending) < self.max_batch_size and asyncio.get_running_loop().time() < deadline:
+            seen = len(self._pending)
+            await asyncio.sleep(self.batch_wait_s)
 
     # -- one batch (worker-thread side) -------------------------------------------------------------
     def _run_batch(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
