@@ -16,6 +16,7 @@ from agenttune.gateway.errors import bad_request
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 TEXT_PART_TYPES = {"text", "input_text", "output_text"}
+_ROLE_ALIASES = {"developer": "system", "function": "tool"}
 _KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object",
                list: "a list", type(None): "null"}
 
@@ -108,28 +109,32 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
-    where = f"messages[{index}]"
+    # Every request re-sends the whole conversation: the common case is kept to a few lookups, and
+    # the field paths for error messages are only spelled out when there is an error.
     if not isinstance(message, dict):
-        raise bad_request(f"{where} must be an object with 'role' and 'content'.", param=where)
+        raise bad_request(f"messages[{index}] must be an object with 'role' and 'content'.", param=f"messages[{index}]")
     role = message.get("role")
     if role not in ROLES:
-        raise bad_request(f"{where}.role must be one of system, user, assistant, tool; got {role!r}.",
-                          param=f"{where}.role")
-    role = {"developer": "system", "function": "tool"}.get(role, role)
-    normal: dict[str, Any] = {"role": role, "content": _content(message.get("content"), f"{where}.content")}
+        raise bad_request(f"messages[{index}].role must be one of system, user, assistant, tool; got {role!r}.",
+                          param=f"messages[{index}].role")
+    role = _ROLE_ALIASES.get(role, role)
+    content = message.get("content")
+    if type(content) is not str:
+        content = _content(content, f"messages[{index}].content")
+    normal: dict[str, Any] = {"role": role, "content": content}
     name = message.get("name")
     if name is not None:
         if not isinstance(name, str):
-            raise bad_request(f"{where}.name must be a string.", param=f"{where}.name")
+            raise bad_request(f"messages[{index}].name must be a string.", param=f"messages[{index}].name")
         normal["name"] = name
     if role == "assistant":
         calls = message.get("tool_calls")
         if calls:
-            normal["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
-        reasoning = message.get("reasoning_content", message.get("reasoning"))
+            normal["tool_calls"] = _tool_calls(calls, f"messages[{index}].tool_calls")
+        reasoning = message.get("reasoning_content") if "reasoning_content" in message else message.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             normal["reasoning_content"] = reasoning
-    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+    elif role == "tool" and isinstance(message.get("tool_call_id"), str):
         normal["tool_call_id"] = message["tool_call_id"]
     return normal
 

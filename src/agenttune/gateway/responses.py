@@ -7,9 +7,11 @@ from typing import Any
 
 from agenttune.gateway.completions import ChatResult
 
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps would build one per call
+
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _COMPACT.encode(value).encode()
 
 
 def _usage(result: ChatResult) -> dict[str, int]:

@@ -31,6 +31,7 @@ class ToolParser:
 
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {}
+_ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False) would build one per call
 
 
 def register_tool_parser(name: str):
@@ -104,7 +105,7 @@ class HermesToolParser(ToolParser):
                 return None, f"tool call arguments are not JSON: {arguments[:120]!r}"
         if not isinstance(arguments, dict):
             return None, f"tool call arguments must be an object, got {type(arguments).__name__}"
-        encoded = json.dumps(arguments, ensure_ascii=False)
+        encoded = _ENCODER.encode(arguments)
         if not _is_text(payload["name"] + encoded):  # "\ud800" in JSON decodes to a lone surrogate: not text
             return None, "tool call holds an unpaired \\ud800-\\udfff escape, which is not valid Unicode"
         return tool_call(payload["name"], encoded), None
