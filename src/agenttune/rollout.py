@@ -307,12 +307,7 @@ def _engine_failed(tuner: ModelTuner) -> bool:
     An engine error the agent recovered from (a retry that worked) does not make a later, unrelated
     failure an engine error.
     """
-    channel = tuner.channel
-    try:
-        failing = getattr(channel, "engine_failing", None)
-        return failing if failing is not None else channel.metrics().get("engine_errors", 0) > 0
-    except Exception:  # the record is read again (and its failure reported) when collecting
-        return False
+    return tuner.channel.engine_failing
 
 
 async def run_in_thread(function: Callable[..., Any], *args: Any) -> Any:

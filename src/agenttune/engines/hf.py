@@ -136,9 +136,10 @@ class HFEngine(InferenceEngine):
         """
         if not self.batch_wait_s:
             return
-        deadline = asyncio.get_running_loop().time() + self.max_batch_wait_s
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + self.max_batch_wait_s
         seen = 0
-        while seen < len(self._pending) < self.max_batch_size and asyncio.get_running_loop().time() < deadline:
+        while seen < len(self._pending) < self.max_batch_size and clock() < deadline:
             seen = len(self._pending)
             await asyncio.sleep(self.batch_wait_s)
 

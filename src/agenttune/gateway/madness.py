@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 MIN_LOOP_TOKENS = 48
 MAX_PERIOD = 32
@@ -19,10 +20,9 @@ NONSENSE = "nonsense"
 WRONG_TOOLCALL = "wrong_toolcall"
 
 
-def leaked_special_token(text_ids: list[int], special_ids: Collection[int]) -> bool:
+def leaked_special_token(text_ids: list[int], special_ids: AbstractSet[int]) -> bool:
     """A special token in the reply's text (`text_ids`: the reply without its final stop token)."""
-    ids = special_ids if isinstance(special_ids, (set, frozenset)) else set(special_ids)
-    return not ids.isdisjoint(text_ids)
+    return not special_ids.isdisjoint(text_ids)
 
 
 def repetition_loop(token_ids: list[int]) -> bool:
