@@ -61,6 +61,8 @@ class Process:
         self.popen.send_signal(signal.SIGINT)
         try:
             return self.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running 20 s after Ctrl-C:\n{self.output}") from None
         finally:
             if self.popen.poll() is None:
                 self.popen.kill()

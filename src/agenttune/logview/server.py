@@ -95,6 +95,7 @@ class BackgroundViewer:
 
     def stop(self) -> None:
         self._server.should_exit = True
+        self._server.force_exit = True  # don't wait for browsers' keep-alive connections to close
         self._thread.join(timeout=5)
         self._sock.close()
 
