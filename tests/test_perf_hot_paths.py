@@ -122,7 +122,9 @@ def test_rollout_gc_leaves_a_program_s_own_settings_alone():
         frozen = gc.get_freeze_count()
         with rollout_gc():
             gc.set_threshold(1234, 5, 5)  # the program changed them meanwhile
-        assert gc.get_freeze_count() == frozen  # not unfrozen: it was not ours
+        # Not unfrozen (that empties the permanent generation): it was not ours. Frozen objects can
+        # still be freed meanwhile (other threads), so the count may drop a little.
+        assert gc.get_freeze_count() > frozen // 2
         assert gc.get_threshold() == (1234, 5, 5)  # not overwritten
     finally:
         gc.unfreeze()
