@@ -26,11 +26,16 @@ URL = re.compile(r"http://[^\s/]+/")
 class Process:
     """A running `python -m agenttune ...`, its output collected line by line."""
 
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None):
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None,
+                 sigint_ignored: bool = False):
+        """`sigint_ignored`: start it as a non-interactive shell starts `cmd &` (SIGINT ignored)."""
         self.lines: list[str] = []
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "agenttune", *args], cwd=cwd, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200", **(env or {})})
+            stderr=subprocess.STDOUT, text=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+            # PYTHONFAULTHANDLER: a process that outlives Ctrl-C prints every thread's stack on SIGABRT
+            env={**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})})
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -62,7 +67,9 @@ class Process:
         try:
             return self.popen.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running 20 s after Ctrl-C:\n{self.output}") from None
+            self.popen.send_signal(signal.SIGABRT)
+            time.sleep(3)
+            raise AssertionError(f"still running 20 s after Ctrl-C (stacks at the end):\n{self.output}") from None
         finally:
             if self.popen.poll() is None:
                 self.popen.kill()
@@ -133,8 +140,13 @@ def test_logview_is_in_the_help(run_cli):
 
 
 @pytest.mark.slow
-def test_train_with_logview_serves_the_run_while_and_after_it_runs(write_yaml, tmp_path):
-    """The debug backbone on the example agent (scripted replies), with the viewer beside it."""
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["from-a-terminal", "started-with-sigint-ignored"])
+def test_train_with_logview_serves_the_run_while_and_after_it_runs(write_yaml, tmp_path, sigint_ignored):
+    """The debug backbone on the example agent (scripted replies), with the viewer beside it.
+
+    Ctrl-C stops it however it was started: a process started by `cmd &` in a script (or by some CI
+    runners) inherits SIGINT ignored, and this test once hung only when pytest itself was started so.
+    """
     config = write_yaml({
         "workflow": "facts_agent:FactsWorkflow",
         "task_reader": {"type": "file", "path": str(EXAMPLE / "tasks.jsonl")},
@@ -146,7 +158,8 @@ def test_train_with_logview_serves_the_run_while_and_after_it_runs(write_yaml, t
     })
     run_dir = tmp_path / "run"
     train = Process("train", "--conf", str(config), "--backbone", "debug", "--run-dir", str(run_dir),
-                    "--with-logview", cwd=tmp_path, env={"PYTHONPATH": str(EXAMPLE)})
+                    "--with-logview", cwd=tmp_path, env={"PYTHONPATH": str(EXAMPLE)},
+                    sigint_ignored=sigint_ignored)
     url = train.wait_for(r"Log viewer: (http://127\.0\.0\.1:\d+/)")[1]
     assert f"(run directory {run_dir})" in train.output
     train.wait_for("Training finished. The log viewer is still at")

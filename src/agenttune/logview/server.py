@@ -6,9 +6,11 @@ The socket is bound here, before uvicorn starts, so a port already in use is a c
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,14 +102,35 @@ class BackgroundViewer:
         self._sock.close()
 
     def wait(self) -> None:
-        """Block until Ctrl-C (the server keeps answering meanwhile)."""
+        """Block until Ctrl-C or SIGTERM (the server keeps answering meanwhile)."""
         try:
-            while self._thread.is_alive():
-                self._thread.join(timeout=0.5)
+            with _interrupted_by(signal.SIGINT, signal.SIGTERM):
+                while self._thread.is_alive():
+                    time.sleep(0.2)  # not join(): a KeyboardInterrupt inside join() can mark the thread stopped
         except KeyboardInterrupt:
             pass
         finally:
             self.stop()
+
+
+@contextmanager
+def _interrupted_by(*signals: signal.Signals):
+    """Raise KeyboardInterrupt on these signals while inside, whatever the handlers were before.
+
+    A process started in the background by a non-interactive shell (`cmd &` in a script, nohup, some CI
+    runners) inherits SIGINT *ignored*, and Python then never raises KeyboardInterrupt: the viewer
+    would outlive every Ctrl-C and `kill -INT`. uvicorn sets its own handlers the same way for
+    `agenttune logview`.
+    """
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def start_in_background(root: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
