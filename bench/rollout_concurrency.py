@@ -11,12 +11,17 @@ Three workflows, the same conversation:
     openai-async  `tuner.as_async_openai_client()`, what most agents use
     openai-sync   `tuner.as_openai_client()` in a sync workflow (one thread per episode)
 
+Each runs with the workflows in the trainer's process (processes = 1) and in worker processes
+(`rollout.workflow_processes`, `--processes`), where each worker has its own event loop and the
+gateway stays in the trainer's process.
+
 Before the table it measures, side by side, the CPU one call costs in each client library (against a
 canned in-memory reply) and in the gateway, which bounds calls/s on the one core an event loop has.
 
     python bench/rollout_concurrency.py                        # C = 1, 16, 64, 128, 256, every workflow
     python bench/rollout_concurrency.py --levels 128 --workflows httpx --waves 8
     python bench/rollout_concurrency.py --latency-ms 200         # an engine that takes longer per call
+    python bench/rollout_concurrency.py --levels 128 --processes 1,2,3
 
 Target: efficiency >= 0.9 at C = 128 (2 cores).
 """
@@ -95,20 +100,27 @@ class InstantJudge(Judge):
 
 
 async def measure(workflow: type[Workflow], concurrency: int, episodes: int,
-                  latency_s: float = LATENCY_S) -> tuple[float, float]:
-    """(measured seconds, ideal seconds) for `episodes` episodes, `concurrency` at a time."""
+                  latency_s: float = LATENCY_S, processes: int = 1) -> tuple[float, float]:
+    """(measured seconds, ideal seconds) for `episodes` episodes, `concurrency` at a time.
+
+    `processes` > 1: the workflows run in that many worker processes (rollout.workflow_processes).
+    """
     tokenizer = tiny_tokenizer()
     reply = tokenizer.encode(TOOL_CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
     engine = ScriptedEngine(tokenizer=tokenizer, responder=lambda prompt, sampling: reply, delay=latency_s)
     config = tiny_config(model={"max_model_len": 8192},
-                         rollout={"num_repeat": 1, "max_env_worker": concurrency, "episode_timeout": 600})
+                         rollout={"num_repeat": 1, "max_env_worker": concurrency, "episode_timeout": 600,
+                                  "workflow_processes": processes})
     tasks = [Task(task_id=f"t{index}", query=f"What is the capital of France? ({index})") for index in range(episodes)]
     async with running_gateway(engine, config=config) as gateway:  # started as in a run
         rollout = RolloutEngine(config, gateway, workflow, InstantJudge())
-        await rollout.run_tasks(tasks[: min(concurrency, 8)])  # warm up (imports, template compilation)
-        started = time.perf_counter()
-        results = await rollout.run_tasks(tasks)
-        elapsed = time.perf_counter() - started
+        try:
+            await rollout.run_tasks(tasks[: min(concurrency, 8)])  # warm up (processes, imports, templates)
+            started = time.perf_counter()
+            results = await rollout.run_tasks(tasks)
+            elapsed = time.perf_counter() - started
+        finally:
+            await rollout.aclose()
     failed = [episode for episode in results if episode.status.failed or episode.metrics.get("calls") != TURNS]
     assert not failed, f"{len(failed)} episodes failed: {failed[0].error}"
     return elapsed, math.ceil(episodes / concurrency) * TURNS * latency_s
@@ -212,26 +224,29 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=LATENCY_S * 1000, help="Engine latency per call.")
     parser.add_argument("--waves", type=int, default=4, help="Episodes = waves x concurrency (at least 8).")
     parser.add_argument("--workflows", default=",".join(WORKFLOWS), help="Comma-separated: " + ", ".join(WORKFLOWS))
+    parser.add_argument("--processes", default="1,2", help="rollout.workflow_processes values, comma-separated.")
     args = parser.parse_args()
     workflows = WORKFLOWS
     latency_s = args.latency_ms / 1000
     print(f"{TURNS}-turn tool conversations, engine latency {args.latency_ms:.0f} ms per call, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     print_call_costs(latency_s)
-    print(f"{'workflow':12s} {'C':>5s} {'episodes':>9s} {'ideal s':>8s} {'measured s':>11s} {'efficiency':>11s} "
-          f"{'calls/s':>8s}")
+    print(f"{'workflow':12s} {'processes':>9s} {'C':>5s} {'episodes':>9s} {'ideal s':>8s} {'measured s':>11s} "
+          f"{'efficiency':>11s} {'calls/s':>8s}")
     efficiencies = {}
     for name in args.workflows.split(","):
-        for level in (int(text) for text in args.levels.split(",")):
-            episodes = max(8, args.waves * level)
-            measured, ideal = asyncio.run(measure(workflows[name], level, episodes, latency_s))
-            efficiencies[name, level] = ideal / measured
-            print(f"{name:12s} {level:5d} {episodes:9d} {ideal:8.2f} {measured:11.2f} {ideal / measured:11.3f} "
-                  f"{episodes * TURNS / measured:8.0f}")
-    for name in args.workflows.split(","):
-        if (name, 128) in efficiencies and args.latency_ms == LATENCY_S * 1000:  # the target is set at 50 ms
-            value = efficiencies[name, 128]
-            print(f"target efficiency >= 0.9 at C=128 ({name}): {value:.3f} -> {'met' if value >= 0.9 else 'NOT met'}")
+        for processes in (int(text) for text in args.processes.split(",")):
+            for level in (int(text) for text in args.levels.split(",")):
+                episodes = max(8, args.waves * level)
+                measured, ideal = asyncio.run(measure(workflows[name], level, episodes, latency_s, processes))
+                efficiencies[name, processes, level] = ideal / measured
+                print(f"{name:12s} {processes:9d} {level:5d} {episodes:9d} {ideal:8.2f} {measured:11.2f} "
+                      f"{ideal / measured:11.3f} {episodes * TURNS / measured:8.0f}")
+    if args.latency_ms == LATENCY_S * 1000:  # the target is set at 50 ms
+        for (name, processes, level), value in efficiencies.items():
+            if level == 128:
+                print(f"target efficiency >= 0.9 at C=128 ({name}, {processes} process{'es' * (processes > 1)}): "
+                      f"{value:.3f} -> {'met' if value >= 0.9 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 Workflows use the real `openai` client, in-process and over loopback HTTP. Failure isolation: one
 batch holds workflows that raise, hang, swallow cancellation, return garbage or exit, judges that
 raise, hang or return garbage, and a model that talks nonsense; every other episode still succeeds.
+The tests marked `in_both` also run with the workflows in two worker processes
+(`rollout.workflow_processes: 2`): the same episodes must come back.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ ANSWER = "The answer is blue."
 @pytest.fixture
 def tokenizer():
     return tiny_tokenizer()
+
+
+in_both = pytest.mark.parametrize("processes", [1, 2], ids=["in-process", "two-workflow-processes"])
 
 
 def generated(tokenizer, *replies: str) -> list[int]:
@@ -77,11 +82,14 @@ class ToolWorkflow(Workflow):
         return WorkflowOutput(metadata={"final_answer": final.content})
 
 
-async def test_groups_merge_tool_turns_into_exact_samples_and_judge_them(tokenizer):
+@in_both
+async def test_groups_merge_tool_turns_into_exact_samples_and_judge_them(tokenizer, processes):
     engine = ScriptedEngine([TOOL_CALL, ANSWER], tokenizer=tokenizer, cycle=True)
-    config = tiny_config(rollout={"num_repeat": 3, "max_env_worker": 1})  # one at a time: replies alternate
-    async with running_gateway(engine, config=config) as gateway:
-        episodes = await RolloutEngine(config, gateway, ToolWorkflow, AnswerJudge()).run_tasks(tasks("a", "b"))
+    config = tiny_config(rollout={"num_repeat": 3, "max_env_worker": 1,  # one at a time: replies alternate
+                                  "workflow_processes": processes})
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, ToolWorkflow, AnswerJudge()) as rollout:
+        episodes = await rollout.run_tasks(tasks("a", "b"))
 
     assert [(e.task.task_id, e.repeat_index) for e in episodes] == [("a", 0), ("a", 1), ("a", 2),
                                                                      ("b", 0), ("b", 1), ("b", 2)]
@@ -264,21 +272,22 @@ def replies_by_mode(tokenizer):
     return respond
 
 
-async def test_failures_stay_in_their_episode(tokenizer, monkeypatch):
+@in_both
+async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes):
     monkeypatch.setattr("agenttune.rollout.CANCEL_GRACE_S", 0.2)
     config = tiny_config(rollout={"num_repeat": 1, "max_env_worker": 32, "episode_timeout": 1.0,
-                                  "agent_madness_reward": -1.0},
+                                  "agent_madness_reward": -1.0, "workflow_processes": processes},
                          judge={"timeout": 1.0})
     modes = ["ok", "raise", "hang", "stubborn", "garbage", "nan", "cancel", "exit", "no_reward", "engine",
              "mad", "bad_tool", "judge_raise", "judge_hang", "judge_garbage"]
     engine = ScriptedEngine(tokenizer=tokenizer, responder=replies_by_mode(tokenizer))
     try:
         async with running_gateway(engine, config=config) as gateway:
-            rollout = RolloutEngine(config, gateway, MixedWorkflow, MoodyJudge())
-            episodes = {e.task.task_id: e for e in await rollout.run_tasks(tasks(*modes))}
+            async with RolloutEngine(config, gateway, MixedWorkflow, MoodyJudge()) as rollout:
+                episodes = {e.task.task_id: e for e in await rollout.run_tasks(tasks(*modes))}
             # without a judge, a workflow that sets no reward is an error of that episode alone
-            no_judge = await RolloutEngine(config, gateway, MixedWorkflow).run_tasks(
-                tasks("no_reward") + tasks("ok", reward=0.25))
+            async with RolloutEngine(config, gateway, MixedWorkflow) as rollout:
+                no_judge = await rollout.run_tasks(tasks("no_reward") + tasks("ok", reward=0.25))
     finally:
         release_stubborn.set()
 
@@ -322,13 +331,15 @@ async def test_failures_stay_in_their_episode(tokenizer, monkeypatch):
     assert metrics["madness_rate"] == pytest.approx(2 / 15)
 
 
-async def test_sync_workflows_run_in_threads_and_a_hung_thread_only_times_out_its_episode(tokenizer):
-    config = tiny_config(rollout={"num_repeat": 2, "max_env_worker": 8, "episode_timeout": 1.0})
+@in_both
+async def test_sync_workflows_run_in_threads_and_a_hung_thread_only_times_out_its_episode(tokenizer, processes):
+    config = tiny_config(rollout={"num_repeat": 2, "max_env_worker": 8, "episode_timeout": 1.0,
+                                  "workflow_processes": processes})
     engine = ScriptedEngine(["It is blue."], tokenizer=tokenizer, cycle=True)
     try:
-        async with running_gateway(engine, config=config) as gateway:
-            episodes = await RolloutEngine(config, gateway, SyncMixedWorkflow).run_tasks(
-                tasks("sync_hang", "sync_exit", "sync_ok"))
+        async with running_gateway(engine, config=config) as gateway, \
+                RolloutEngine(config, gateway, SyncMixedWorkflow) as rollout:
+            episodes = await rollout.run_tasks(tasks("sync_hang", "sync_exit", "sync_ok"))
     finally:
         release_threads.set()
     statuses = [(e.task.task_id, e.status) for e in episodes]
@@ -461,11 +472,14 @@ class OverflowWorkflow(Workflow):
         return WorkflowOutput(reward=float(tuner.context_overflow), metadata={"turns": len(messages) // 2})
 
 
-async def test_context_overflow_reaches_the_workflow_and_the_metrics(tokenizer):
-    config = tiny_config(model={"max_model_len": 160}, rollout={"num_repeat": 2, "max_response_length_in_one_turn": 16})
+@in_both
+async def test_context_overflow_reaches_the_workflow_and_the_metrics(tokenizer, processes):
+    config = tiny_config(model={"max_model_len": 160}, rollout={"num_repeat": 2, "max_response_length_in_one_turn": 16,
+                                                                "workflow_processes": processes})
     engine = ScriptedEngine(["Some words about it."], tokenizer=tokenizer, cycle=True)
-    async with running_gateway(engine, config=config) as gateway:
-        episodes = await RolloutEngine(config, gateway, OverflowWorkflow).run_tasks(tasks("a"))
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, OverflowWorkflow) as rollout:
+        episodes = await rollout.run_tasks(tasks("a"))
     for episode in episodes:
         assert episode.status is EpisodeStatus.OK and episode.reward == 1.0
         assert 1 < episode.output["turns"] < 50

@@ -30,6 +30,7 @@ from agenttune.run import get_logger
 from agenttune.task import Task
 from agenttune.tuner import FrameworkLoader, ModelTuner
 from agenttune.workflow import Workflow, WorkflowOutput
+from agenttune.workflow_processes import WorkflowProcessError, WorkflowProcesses
 
 if TYPE_CHECKING:
     from agenttune.config import AgentTuneConfig, RolloutConfig
@@ -87,6 +88,19 @@ class RolloutEngine:
         self.frameworks = frameworks or FrameworkLoader()
         self.max_parallel = max_parallel or config.rollout.max_env_worker
         self.on_episode = on_episode
+        self._processes: WorkflowProcesses | None = None  # rollout.workflow_processes > 1: started at first use
+
+    async def aclose(self) -> None:
+        """Stop the workflow processes, if any (rollout_session does this at the end of a run)."""
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            await processes.stop()
+
+    async def __aenter__(self) -> RolloutEngine:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
 
     async def run_tasks(
         self,
@@ -99,6 +113,7 @@ class RolloutEngine:
         sampling = sampling or sampling_params(self.config.rollout)
         slots = asyncio.Semaphore(self.max_parallel)
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
+        await self._start_processes()
 
         async def in_slot(task: Task, group_id: str, repeat_index: int) -> Episode:
             async with slots:
@@ -112,6 +127,18 @@ class RolloutEngine:
                     for repeat in range(num_repeat)
                 ]
         return [job.result() for job in jobs]
+
+    async def _start_processes(self) -> None:
+        count = self.config.rollout.workflow_processes
+        if count <= 1 or self._processes is not None:
+            return
+        processes = WorkflowProcesses(count, self.gateway, self.config, self.workflow_cls,
+                                      self.frameworks.run_dir)
+        try:
+            self._processes = await processes.start()
+        except BaseException:
+            await processes.stop()
+            raise
 
     async def run_episode(self, task: Task, sampling: SamplingParams, *, group_id: str,
                           repeat_index: int = 0) -> Episode:
@@ -189,18 +216,14 @@ class RolloutEngine:
         error = runner.exception()
         if error is not None:
             status = EpisodeStatus.ENGINE_ERROR if _engine_failed(tuner) else EpisodeStatus.WORKFLOW_ERROR
-            raise EpisodeFailure(status, describe(error))
+            raise EpisodeFailure(status, error.description if isinstance(error, WorkflowProcessError)
+                                 else describe(error))
         return _workflow_output(runner.result(), self.workflow_cls)
 
     async def _call_workflow(self, task: Task, tuner: ModelTuner) -> Any:
-        workflow = self.workflow_cls()
-        if not inspect.iscoroutinefunction(workflow.execute):
-            result = await run_in_thread(workflow.execute, task, tuner)
-            return await result if inspect.isawaitable(result) else result
-        try:
-            return await workflow.execute(task, tuner)
-        except SystemExit as exit_:  # would stop the event loop, and every other episode with it
-            raise RuntimeError(f"the workflow called sys.exit({exit_.code})") from None
+        if self._processes is not None:
+            return await self._processes.run(tuner)
+        return await call_workflow(self.workflow_cls, task, tuner)
 
     def _collect(self, episode: Episode, channel: Any) -> None:
         """Copy the conversation, samples and counters off the channel before it closes."""
@@ -268,6 +291,18 @@ class RolloutEngine:
         episode.reward = penalty
         if not episode.status.failed:
             episode.status = EpisodeStatus.MADNESS
+
+
+async def call_workflow(workflow_cls: type[Workflow], task: Task, tuner: ModelTuner) -> Any:
+    """A fresh workflow's `execute(task, tuner)`: awaited, or in its own thread when it is sync."""
+    workflow = workflow_cls()
+    if not inspect.iscoroutinefunction(workflow.execute):
+        result = await run_in_thread(workflow.execute, task, tuner)
+        return await result if inspect.isawaitable(result) else result
+    try:
+        return await workflow.execute(task, tuner)
+    except SystemExit as exit_:  # would stop the event loop, and every other episode with it
+        raise RuntimeError(f"the workflow called sys.exit({exit_.code})") from None
 
 
 def _workflow_output(value: Any, workflow_cls: type) -> WorkflowOutput:

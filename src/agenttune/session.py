@@ -117,6 +117,7 @@ async def rollout_session(
         frameworks.get(config.agent_framework)  # its setup() runs before the first episode
         rollout = RolloutEngine(config, gateway, components.workflow_cls, judge, frameworks=frameworks,
                                 max_parallel=max_parallel, on_episode=on_episode)
+        stack.push_async_callback(rollout.aclose)
         yield RolloutSession(config, components, tokenizer, engine, gateway, judge, rollout, run)
 
 
