@@ -216,8 +216,7 @@ class RolloutEngine:
         error = runner.exception()
         if error is not None:
             status = EpisodeStatus.ENGINE_ERROR if _engine_failed(tuner) else EpisodeStatus.WORKFLOW_ERROR
-            raise EpisodeFailure(status, error.description if isinstance(error, WorkflowProcessError)
-                                 else describe(error))
+            raise EpisodeFailure(status, describe(error))
         return _workflow_output(runner.result(), self.workflow_cls)
 
     async def _call_workflow(self, task: Task, tuner: ModelTuner) -> Any:
@@ -382,7 +381,12 @@ async def run_in_thread(function: Callable[..., Any], *args: Any) -> Any:
 
 
 def describe(error: BaseException) -> str:
-    """`Type: message` and the innermost frames of the traceback, for Episode.error."""
+    """`Type: message` and the innermost frames of the traceback, for Episode.error.
+
+    An error from a workflow process was described there, with the frames that matter.
+    """
+    if isinstance(error, WorkflowProcessError):
+        return error.description
     text = "".join(traceback.format_exception(error)).rstrip()
     head = f"{type(error).__name__}: {error}"
     if len(text) > ERROR_CHARS:

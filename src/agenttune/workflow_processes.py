@@ -8,8 +8,8 @@ own event loop; the gateway, the engine, the judge and the episode record stay i
 process, exactly as in-process.
 
 The tuner's own clients (`as_openai_client`, `as_async_openai_client`, `channel.async_transport()`)
-send their requests over the worker's pipe to the gateway's handler, as the in-process transports
-call it: no HTTP on either side (over loopback HTTP a call cost ~3.5x the CPU). Clients built from
+use the in-process transports as in the trainer; their handler here is the worker's pipe to the
+trainer's gateway: no HTTP on either side (over loopback HTTP a call cost ~3.5x the CPU). Clients built from
 `tuner.base_url` (agent frameworks) use the gateway's HTTP server, which works as well.
 
 What crosses the process boundary: the workflow class and the config (once per worker, so the
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from agenttune.errors import UserError
+from agenttune.gateway.channel import EpisodeAddress
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
     from agenttune.config import AgentTuneConfig
     from agenttune.gateway import Gateway
+    from agenttune.gateway.server import Reply
     from agenttune.task import Task
     from agenttune.tuner import ModelTuner
     from agenttune.workflow import Workflow
@@ -63,7 +65,7 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     ready: asyncio.Future
-    replies: dict[int, asyncio.Future] = field(default_factory=dict)  # job id -> its "done"/"ended" reply
+    replies: dict[tuple[str, int], asyncio.Future] = field(default_factory=dict)  # ("done"/"ended", job)
     alive: bool = True
 
 
@@ -111,7 +113,7 @@ class WorkflowProcesses:
         """
         worker = await self._least_busy()
         job = next(self._job_ids)
-        done = self._expect(worker, job)
+        done = self._expect(worker, "done", job)
         channel = tuner.channel
         tuner.add_cleanup(lambda: self._end(worker, job))
         self._send(worker, ("run", job, tuner.task, self.gateway.root_url, channel.key, channel.episode_id))
@@ -172,7 +174,7 @@ class WorkflowProcesses:
                         hint="The workflow must be importable by name (module:Class at module level) in a fresh "
                              "process; set rollout.workflow_processes: 1 to run it in this process instead."))
                 else:  # "done" (job, outcome, value, handed) or "ended" (job,)
-                    reply = worker.replies.pop(rest[0], None)
+                    reply = worker.replies.pop((kind, rest[0]), None)
                     if reply is not None and not reply.done():
                         reply.set_result(tuple(rest[1:]))
         except (EOFError, OSError):
@@ -181,8 +183,7 @@ class WorkflowProcesses:
                                  "running this episode")
 
     async def _answer(self, worker: _Worker, request: int, method: str, path: str, headers: dict, body: bytes) -> None:
-        reply = await self.gateway.handle(method, path, headers, body)
-        self._send(worker, ("reply", request, reply.status, reply.content_type, reply.body))
+        self._send(worker, ("reply", request, await self.gateway.handle(method, path, headers, body)))
 
     def _retire(self, worker: _Worker, reason: str) -> None:
         """Stop reading from `worker`, tell it to stop, and fail whatever it was still running."""
@@ -204,9 +205,8 @@ class WorkflowProcesses:
             if not reply.done():
                 reply.set_result(("error", reason, {}))
 
-    def _expect(self, worker: _Worker, job: int) -> asyncio.Future:
-        reply = asyncio.get_running_loop().create_future()
-        worker.replies[job] = reply
+    def _expect(self, worker: _Worker, kind: str, job: int) -> asyncio.Future:
+        worker.replies[kind, job] = reply = asyncio.get_running_loop().create_future()
         return reply
 
     def _send(self, worker: _Worker, message: tuple) -> None:
@@ -221,7 +221,7 @@ class WorkflowProcesses:
         """Run the episode's cleanups in its worker (an `add_cleanup` callback of the trainer's tuner)."""
         if not worker.alive:
             return
-        ended = self._expect(worker, job)
+        ended = self._expect(worker, "ended", job)
         self._send(worker, ("end", job))
         try:
             await asyncio.wait_for(ended, CLEANUP_TIMEOUT_S)
@@ -242,32 +242,23 @@ def _check_picklable(workflow_cls: type) -> None:
 
 
 # -- inside a worker ------------------------------------------------------------------------------------
-class ProcessChannel:
-    """A worker's view of an episode's gateway channel: the same address and key.
+class ProcessChannel(EpisodeAddress):
+    """A worker's view of an episode's gateway channel: the same address, key and transports.
 
-    Its transports hand requests to the trainer's gateway over the worker's pipe (`forward`). The
-    record of the episode (timelines, samples, counters) stays in the trainer's process; of it, a
-    workflow can read `context_overflow`, which this asks the gateway for.
+    Its transports hand requests over the worker's pipe to the trainer's gateway (`handler` is the
+    worker's `_Episodes`). The record of the episode (timelines, samples, counters) stays in the
+    trainer's process; of it, a workflow can read `context_overflow`, which this asks the gateway for.
     """
 
-    def __init__(self, root_url: str, key: str, episode_id: str, forward: Any, loop: asyncio.AbstractEventLoop):
-        self.root_url = root_url
+    def __init__(self, root_url: str, key: str, episode_id: str, handler: _Episodes):
+        self._root_url = root_url
         self.key = key
         self.episode_id = episode_id
-        self._forward = forward  # async (method, path, headers, body) -> (status, content type, body)
-        self._loop = loop
+        self.handler = handler
 
     @property
-    def base_url(self) -> str:
-        return f"{self.root_url}/v1"
-
-    def api_key(self, agent: str | None = None) -> str:
-        from agenttune.gateway.channel import DEFAULT_AGENT
-
-        return self.key if agent in (None, DEFAULT_AGENT) else f"{self.key}.{agent}"
-
-    def path_base_url(self, agent: str | None = None) -> str:
-        return f"{self.root_url}/e/{self.api_key(agent)}/v1"
+    def root_url(self) -> str:
+        return self._root_url
 
     @property
     def context_overflow(self) -> bool:
@@ -276,54 +267,11 @@ class ProcessChannel:
                              verify=_tls_context())
         return bool(response.json().get("context_overflow"))
 
-    def transport(self) -> httpx.BaseTransport:
-        return _PipeTransport(self._forward, self._loop)
-
-    def async_transport(self) -> httpx.AsyncBaseTransport:
-        return _AsyncPipeTransport(self._forward)
-
 
 @functools.cache
 def _tls_context() -> Any:
     """One TLS context per process: httpx builds one per client otherwise (~30 ms: certifi's bundle)."""
     return httpx.create_ssl_context()
-
-
-def _message(request: httpx.Request, body: bytes) -> tuple[str, str, dict[str, str], bytes]:
-    return request.method, request.url.path, dict(request.headers), body
-
-
-def _response(request: httpx.Request, status: int, content_type: str, body: bytes) -> httpx.Response:
-    return httpx.Response(status, headers={"content-type": content_type}, content=body, request=request)
-
-
-class _AsyncPipeTransport(httpx.AsyncBaseTransport):
-    def __init__(self, forward: Any):
-        self._forward = forward
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        return _response(request, *await self._forward(*_message(request, body)))
-
-
-class _PipeTransport(httpx.BaseTransport):
-    """For sync clients in sync workflows, which run in their own threads: the worker's loop sends."""
-
-    def __init__(self, forward: Any, loop: asyncio.AbstractEventLoop):
-        self._forward = forward
-        self._loop = loop
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            raise RuntimeError("A synchronous OpenAI client was used inside the workflow process's event loop, "
-                               "which would block it forever. In async code use the async client "
-                               "(tuner.as_async_openai_client()), or run sync code in a thread.")
-        call = self._forward(*_message(request, request.read()))
-        return _response(request, *asyncio.run_coroutine_threadsafe(call, self._loop).result())
 
 
 def serve_worker(conn: Connection, config: AgentTuneConfig, workflow_cls: type[Workflow], run_dir: Any) -> None:
@@ -347,6 +295,7 @@ class _Episodes:
         self.tuners: dict[int, ModelTuner] = {}
         self.replies: dict[int, asyncio.Future] = {}  # forwarded requests awaiting the gateway's answer
         self.request_ids = itertools.count()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the in-process transports send from this loop
 
     async def serve(self) -> None:
         from agenttune.rollout_gc import rollout_gc
@@ -357,10 +306,10 @@ class _Episodes:
             self.conn.send(("failed", f"{type(error).__name__}: {error}"))
             return
         inbox: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self.conn.fileno(), self._read, inbox)
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.conn.fileno(), self._read, inbox)
         self.conn.send(("ready",))
-        with rollout_gc():
+        with rollout_gc():  # what is still running at the end, run_until_done cancels
             while (message := await inbox.get()) is not None:
                 kind, job, *rest = message
                 if kind == "run":
@@ -369,9 +318,6 @@ class _Episodes:
                     self.runs[job].cancel()
                 elif kind == "end":
                     asyncio.create_task(self._end(job))
-        loop.remove_reader(self.conn.fileno())
-        for run in self.runs.values():
-            run.cancel()
 
     def _read(self, inbox: asyncio.Queue) -> None:
         try:
@@ -380,19 +326,19 @@ class _Episodes:
                 if message is not None and message[0] == "reply":
                     reply = self.replies.pop(message[1], None)
                     if reply is not None and not reply.done():
-                        reply.set_result(message[2:])
+                        reply.set_result(message[2])
                 else:
                     inbox.put_nowait(message)
         except (EOFError, OSError):  # the trainer is gone
             asyncio.get_running_loop().remove_reader(self.conn.fileno())
             inbox.put_nowait(None)
 
-    async def forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
-        """Have the trainer's gateway answer a request: (status, content type, body)."""
+    async def handle(self, method: str, path: str, headers: Any, body: bytes) -> Reply:
+        """Have the trainer's gateway answer a request (what the in-process transports call)."""
         request = next(self.request_ids)
         reply = self.replies[request] = asyncio.get_running_loop().create_future()
         try:
-            self.conn.send(("request", request, method, path, headers, body))
+            self.conn.send(("request", request, method, path, dict(headers), body))
         except OSError:
             self.replies.pop(request, None)
             raise httpx.ConnectError("the trainer's process is gone") from None
@@ -402,7 +348,7 @@ class _Episodes:
         from agenttune.rollout import call_logged, call_workflow, describe
         from agenttune.tuner import ModelTuner
 
-        channel = ProcessChannel(root_url, key, episode_id, self.forward, asyncio.get_running_loop())
+        channel = ProcessChannel(root_url, key, episode_id, self)
         tuner = self.tuners[job] = ModelTuner(channel, task, self.config, self.frameworks)
         try:
             outcome = ("ok", await call_workflow(self.workflow_cls, task, tuner))

@@ -21,9 +21,49 @@ if TYPE_CHECKING:
 DEFAULT_AGENT = "default"
 
 
-class EpisodeChannel:
+class EpisodeAddress:
+    """How a workflow's clients reach an episode: base URLs, keys and in-process transports.
+
+    `handler` answers requests without a socket (`handle(method, path, headers, body)` on its event
+    loop `loop`): the gateway itself, or, in a workflow process, the pipe to it.
+    """
+
+    key: str
+    handler: Any
+
+    @property
+    def root_url(self) -> str:
+        raise NotImplementedError
+
+    def api_key(self, agent: str | None = None) -> str:
+        """The API key a client sends: the episode key, or `key.agent` to file calls under `agent`."""
+        return self.key if agent in (None, DEFAULT_AGENT) else f"{self.key}.{agent}"
+
+    @property
+    def base_url(self) -> str:
+        """The gateway's OpenAI base URL (`http://127.0.0.1:PORT/v1`); send `api_key()` with it."""
+        return f"{self.root_url}/v1"
+
+    def path_base_url(self, agent: str | None = None) -> str:
+        """A base URL with the key in the path, for clients that cannot set an API key."""
+        return f"{self.root_url}/e/{self.api_key(agent)}/v1"
+
+    def transport(self) -> InProcessTransport:
+        """An `httpx` transport that reaches the gateway without a socket (sync clients)."""
+        from agenttune.gateway.transport import InProcessTransport
+
+        return InProcessTransport(self.handler)
+
+    def async_transport(self) -> AsyncInProcessTransport:
+        """An `httpx` transport that reaches the gateway without a socket (async clients)."""
+        from agenttune.gateway.transport import AsyncInProcessTransport
+
+        return AsyncInProcessTransport(self.handler)
+
+
+class EpisodeChannel(EpisodeAddress):
     def __init__(self, gateway: Gateway, episode_id: str, key: str, sampling: SamplingParams):
-        self.gateway = gateway
+        self.gateway = self.handler = gateway
         self.episode_id = episode_id
         self.key = key
         self.sampling = sampling
@@ -37,31 +77,9 @@ class EpisodeChannel:
         self._timelines: dict[str, Timeline] = {}
         self._samples: list[SampleBuilder] = []
 
-    # -- addresses -------------------------------------------------------------------------------
-    def api_key(self, agent: str | None = None) -> str:
-        """The API key a client sends: the episode key, or `key.agent` to file calls under `agent`."""
-        return self.key if agent in (None, DEFAULT_AGENT) else f"{self.key}.{agent}"
-
     @property
-    def base_url(self) -> str:
-        """The gateway's OpenAI base URL (`http://127.0.0.1:PORT/v1`); send `api_key()` with it."""
-        return self.gateway.base_url
-
-    def path_base_url(self, agent: str | None = None) -> str:
-        """A base URL with the key in the path, for clients that cannot set an API key."""
-        return f"{self.gateway.root_url}/e/{self.api_key(agent)}/v1"
-
-    def transport(self) -> InProcessTransport:
-        """An `httpx` transport that reaches the gateway without a socket (sync clients)."""
-        from agenttune.gateway.transport import InProcessTransport
-
-        return InProcessTransport(self.gateway)
-
-    def async_transport(self) -> AsyncInProcessTransport:
-        """An `httpx` transport that reaches the gateway without a socket (async clients)."""
-        from agenttune.gateway.transport import AsyncInProcessTransport
-
-        return AsyncInProcessTransport(self.gateway)
+    def root_url(self) -> str:
+        return self.gateway.root_url
 
     # -- the record --------------------------------------------------------------------------------
     def timeline(self, agent: str) -> Timeline:

@@ -2,17 +2,21 @@
 
 Both call the same handler as the HTTP server. The gateway's work (and the engine's batching)
 stays on the gateway's event loop: calls from other threads or loops are handed over to it.
+
+The handler is anything with `handle(method, path, headers, body) -> Reply` and its event loop
+`loop`: the Gateway, or in a workflow process the pipe to the trainer's gateway
+(agenttune.workflow_processes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 if TYPE_CHECKING:
-    from agenttune.gateway.server import Gateway, Reply
+    from agenttune.gateway.server import Reply
 
 
 def _response(reply: Reply, request: httpx.Request) -> httpx.Response:
@@ -21,13 +25,13 @@ def _response(reply: Reply, request: httpx.Request) -> httpx.Response:
 
 
 class AsyncInProcessTransport(httpx.AsyncBaseTransport):
-    def __init__(self, gateway: Gateway):
-        self.gateway = gateway
+    def __init__(self, handler: Any):
+        self.handler = handler
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
-        call = self.gateway.handle(request.method, request.url.path, request.headers, body)
-        loop = self.gateway.loop
+        call = self.handler.handle(request.method, request.url.path, request.headers, body)
+        loop = self.handler.loop
         if loop is None or loop is asyncio.get_running_loop():
             reply = await call
         else:  # a workflow running its own loop (e.g. asyncio.run in a thread)
@@ -36,11 +40,11 @@ class AsyncInProcessTransport(httpx.AsyncBaseTransport):
 
 
 class InProcessTransport(httpx.BaseTransport):
-    def __init__(self, gateway: Gateway):
-        self.gateway = gateway
+    def __init__(self, handler: Any):
+        self.handler = handler
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        loop = self.gateway.loop
+        loop = self.handler.loop
         if loop is None or loop.is_closed():
             raise RuntimeError("The gateway is not running: `await gateway.start()` first.")
         try:
@@ -48,10 +52,10 @@ class InProcessTransport(httpx.BaseTransport):
         except RuntimeError:
             running = None
         if running is loop:
-            raise RuntimeError("A synchronous OpenAI client was used inside the gateway's event loop, which would "
-                               "block it forever. In async code use the async client "
+            raise RuntimeError("A synchronous OpenAI client was used inside the event loop that answers its calls, "
+                               "which would block it forever. In async code use the async client "
                                "(tuner.as_async_openai_client()), or run sync code in a thread.")
         body = request.read()
         future = asyncio.run_coroutine_threadsafe(
-            self.gateway.handle(request.method, request.url.path, request.headers, body), loop)
+            self.handler.handle(request.method, request.url.path, request.headers, body), loop)
         return _response(future.result(), request)
