@@ -12,8 +12,8 @@ Three workflows, the same conversation:
     openai-sync   `tuner.as_openai_client()` in a sync workflow (one thread per episode)
 
 Each runs with the workflows in the trainer's process (processes = 1) and in worker processes
-(`rollout.workflow_processes`, `--processes`), where each worker has its own event loop and the
-gateway stays in the trainer's process.
+(`rollout.workflow_processes`, `--processes`), where each worker has its own event loop and its
+own gateway, and only the engine calls reach the trainer's process.
 
 Before the table it measures, side by side, the CPU one call costs in each client library (against a
 canned in-memory reply) and in the gateway, which bounds calls/s on the one core an event loop has.

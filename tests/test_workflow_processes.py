@@ -1,19 +1,23 @@
-"""`rollout.workflow_processes`: workflows in worker processes, the record in the trainer's.
+"""`rollout.workflow_processes`: workflows and their gateways in worker processes, the engine in the trainer's.
 
 The rollout engine's own tests (tests/test_rollout_engine.py) run their main cases both ways; these
-cover what only worker processes have: where the code runs, a worker that dies, cleanups that must
-run where the workflow registered them, and what cannot cross a process boundary.
+cover what only worker processes have: where the code runs, each worker's own gateway (HTTP too),
+engine calls that must stop when their episode does, a worker that dies, cleanups that must run
+where the workflow registered them, and what cannot cross a process boundary.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
+from agenttune.engine import Generation, InferenceEngine
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.episode import EpisodeStatus
 from agenttune.errors import UserError
@@ -39,14 +43,14 @@ class WhereWorkflow(Workflow):
         mode = task.metadata["mode"]
         if mode == "die":
             os._exit(9)
-        client = tuner.as_async_openai_client()
+        client = tuner.as_async_openai_client(http=mode == "http")
         reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.query}])
         tuner.update_judge_input_dictionary(answer=reply.choices[0].message.content)
         if mode == "unsendable":
             return WorkflowOutput(reward=1.0, metadata={"callback": lambda: None})
         if "log" in task.metadata:
             tuner.add_cleanup(lambda: _append(task.metadata["log"], f"cleanup {os.getpid()}"))
-        return WorkflowOutput(metadata={"pid": os.getpid(), "parent": os.getppid()})
+        return WorkflowOutput(metadata={"pid": os.getpid(), "parent": os.getppid(), "base_url": tuner.base_url})
 
 
 class AnswerJudge(Judge):
@@ -129,3 +133,46 @@ async def test_a_workflow_that_cannot_be_imported_by_name_is_a_clear_error():
     message = str(raised.value) + " " + (raised.value.hint or "")
     assert "can be imported by name in another process" in message and "LocalWorkflow" in message
     assert "workflow_processes: 1" in message
+
+
+async def test_each_worker_serves_its_episodes_over_http_too():
+    """Agent frameworks reach the model at `tuner.base_url`: in a worker, its own gateway's address."""
+    config = config_with(processes=2)
+    async with running_gateway(engine(), config=config) as gateway:
+        async with RolloutEngine(config, gateway, WhereWorkflow, AnswerJudge()) as rollout:
+            episodes = await rollout.run_tasks(tasks(*["http"] * 4))
+        trainers = gateway.base_url
+    assert all(episode.status is EpisodeStatus.OK for episode in episodes), [e.error for e in episodes]
+    assert all(episode.reward == 1.0 and episode.metrics["calls"] == 1 for episode in episodes)
+    urls = {episode.output["pid"]: episode.output["base_url"] for episode in episodes}
+    assert len(set(urls.values())) == len(urls) == 2  # one gateway per worker
+    assert all(url.startswith("http://127.0.0.1:") and url != trainers for url in urls.values())
+
+
+class StuckEngine(InferenceEngine):
+    """Never answers; notes each call that was cancelled (what an episode timeout must do to it)."""
+
+    def __init__(self):
+        self.cancelled: list[str] = []
+
+    async def generate(self, prompt_ids, sampling, *, request_id=None) -> Generation:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.append(request_id)
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_an_episode_that_times_out_in_a_worker_cancels_its_engine_call():
+    stuck = StuckEngine()
+    config = config_with(processes=2, episode_timeout=1)
+    async with running_gateway(stuck, config=config) as gateway:
+        async with RolloutEngine(config, gateway, WhereWorkflow, AnswerJudge()) as rollout:
+            [episode] = await rollout.run_tasks(tasks("ok"))
+            deadline = time.monotonic() + 5
+            while not stuck.cancelled and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            cancelled = list(stuck.cancelled)  # before stopping the workers, which would cancel it too
+    assert episode.status is EpisodeStatus.TIMEOUT, episode.error
+    assert cancelled == [episode.episode_id]  # the trainer's engine stopped generating for it

@@ -106,8 +106,9 @@ class RolloutConfig(Section):
     max_env_worker: int = Field(default=16, gt=0, description="Most episodes run at once.")
     workflow_processes: int = Field(
         default=1, ge=1, le=256,
-        description="Processes that run workflows (1: the trainer's own). More give CPU-heavy agents one event loop "
-                    "per core; the gateway stays in the trainer, and the workflow must be importable by name.")
+        description="Processes that run workflows (1: the trainer's own). More give agents and the gateway's "
+                    "per-call work one event loop per core, each with its own gateway; the engine stays in the "
+                    "trainer, and the workflow must be importable by name.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature for training rollouts.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
     top_k: int = Field(default=-1, description="Top-k sampling; -1 disables it.")

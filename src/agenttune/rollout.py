@@ -167,9 +167,14 @@ class RolloutEngine:
         return episode
 
     # -- the workflow ------------------------------------------------------------------------------
+    @property
+    def _episodes(self) -> Any:
+        """Where episodes open: the gateway, or the workflow processes (each has its own gateway)."""
+        return self._processes or self.gateway
+
     def _open_channel(self, episode: Episode, sampling: SamplingParams) -> Any:
         try:
-            return self.gateway.open_episode(episode.episode_id, sampling)
+            return self._episodes.open_episode(episode.episode_id, sampling)
         except Exception as error:
             raise EpisodeFailure(EpisodeStatus.ENGINE_ERROR, f"the gateway could not open the episode: "
                                  f"{describe(error)}") from error
@@ -179,23 +184,24 @@ class RolloutEngine:
 
         Returns the workflow's output and the madness checks that fired.
         """
-        channel = tuner.channel
+        channel, episodes = tuner.channel, self._episodes
         outcome: WorkflowOutput | EpisodeFailure
+        madness: list[str] = []
         try:
             try:
                 outcome = await self._execute(episode.task, tuner)
             except EpisodeFailure as failure:
                 outcome = failure
             try:  # also after a failure: a partial conversation is what the log viewer must show
-                self._collect(episode, channel)
+                madness = self._collect(episode, channel)
             except EpisodeFailure as failure:
                 outcome = outcome if isinstance(outcome, EpisodeFailure) else failure
         finally:
             await call_logged(tuner.aclose, "closing the episode's clients")
-            await call_logged(lambda: self.gateway.close_episode(channel), "closing the episode's channel")
+            await call_logged(lambda: episodes.close_episode(channel), "closing the episode's channel")
         if isinstance(outcome, EpisodeFailure):
             raise outcome
-        return outcome, list(getattr(channel, "madness", None) or [])
+        return outcome, madness
 
     async def _execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
         timeout = self.config.rollout.episode_timeout
@@ -224,19 +230,19 @@ class RolloutEngine:
             return await self._processes.run(tuner)
         return await call_workflow(self.workflow_cls, task, tuner)
 
-    def _collect(self, episode: Episode, channel: Any) -> None:
-        """Copy the conversation, samples and counters off the channel before it closes."""
+    def _collect(self, episode: Episode, channel: Any) -> list[str]:
+        """Copy the conversation, samples and counters off the channel before it closes; the madness hits."""
         try:
-            episode.messages = channel.messages()
-            episode.samples = channel.samples(trainable_targets=self.config.rollout.trainable_targets)
-            episode.metrics.update(channel.metrics())
-            trainable = getattr(channel, "trainable", True)
+            record = channel.record(trainable_targets=self.config.rollout.trainable_targets)
         except Exception as error:
             raise EpisodeFailure(EpisodeStatus.ENGINE_ERROR,
                                  f"reading the episode's record from the gateway failed: {describe(error)}") from error
-        if not trainable and episode.status is EpisodeStatus.OK:
+        episode.messages, episode.samples = record.messages, record.samples
+        episode.metrics.update(record.metrics)
+        if not record.trainable and episode.status is EpisodeStatus.OK:
             episode.status = EpisodeStatus.NOT_TRAINABLE
             episode.error = "the inference engine returned text without token ids; these samples are not trained"
+        return record.madness
 
     # -- the reward --------------------------------------------------------------------------------------------
     async def _score(self, episode: Episode, output: WorkflowOutput, handed: dict[str, Any]) -> None:

@@ -127,6 +127,10 @@ class ModelTuner:
         environment instance it evaluates (`aclose` runs before the judge). Runs last-added first."""
         self._cleanups.append(callback)
 
+    @property
+    def has_cleanups(self) -> bool:
+        return bool(self._cleanups)
+
     async def run_cleanups(self) -> None:
         """Run the `add_cleanup` callbacks (the rollout engine calls this); a failing one is logged."""
         from agenttune.rollout import call_logged

@@ -1,46 +1,47 @@
 """Workflows in worker processes (`rollout.workflow_processes: N`): one event loop per core.
 
 Agent code is Python. Every episode of an in-process run shares the trainer's one event loop, so
-with a few hundred episodes at once the CPU the agents spend per model call (their client library,
-an agent framework, prompt building) and the gateway's own work queue up on one core, and the loop,
-not the model, sets the pace. With N worker processes each runs its share of the episodes on its
-own event loop; the gateway, the engine, the judge and the episode record stay in the trainer's
-process, exactly as in-process.
+with a few hundred episodes at once the CPU spent per model call (the agent's client library, an
+agent framework, and the gateway's parsing, templating and tokenizing) queues up on one core, and
+the loop, not the model, sets the pace. With N worker processes each runs its share of the
+episodes with a gateway of its own, on its own event loop: requests are parsed, rendered,
+tokenized and filed on the episode's timeline there. Only engine calls (token ids in, token ids
+and logprobs out) come to the trainer's process, where the inference engine, the judge and the
+rollout's bookkeeping stay. The episode's record (conversation, samples, counters) comes back
+with its result, so it is judged, logged and trained exactly as in-process.
 
-The tuner's own clients (`as_openai_client`, `as_async_openai_client`, `channel.async_transport()`)
-use the in-process transports as in the trainer; their handler here is the worker's pipe to the
-trainer's gateway: no HTTP on either side (over loopback HTTP a call cost ~3.5x the CPU). Clients built from
-`tuner.base_url` (agent frameworks) use the gateway's HTTP server, which works as well.
+In a worker the tuner is the in-process tuner: `as_openai_client()`, `as_async_openai_client()` and
+`channel.async_transport()` reach the worker's gateway without a socket, `tuner.base_url` is its
+HTTP address (for agent frameworks), `tuner.context_overflow` is its channel's.
 
-What crosses the process boundary: the workflow class and the config (once per worker, so the
-class must be importable by name: defined at module level), each task and episode key; back come
-the workflow's return value, what it handed the judge, or its error as text. `tuner.add_cleanup`
-callbacks run in the worker after the judge, as in-process (the trainer tells the worker when).
+What crosses the process boundary: the workflow class, the configs and the tokenizer (once per
+worker, so the class must be importable by name: defined at module level); each task; engine
+calls and their generations; back come the workflow's return value and what it handed the judge
+(pickled), or its error as text, and the record. `tuner.add_cleanup` callbacks run in the worker
+after the judge, as in-process (the trainer tells the worker when).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import multiprocessing
 import pickle
 import signal
+import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from agenttune.engine import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
-from agenttune.gateway.channel import EpisodeAddress
+from agenttune.gateway.channel import EpisodeRecord
+from agenttune.message_pipe import MessagePipe, open_pipe
 
 if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
     from agenttune.config import AgentTuneConfig
     from agenttune.gateway import Gateway
-    from agenttune.gateway.server import Reply
     from agenttune.task import Task
     from agenttune.tuner import ModelTuner
     from agenttune.workflow import Workflow
@@ -60,37 +61,77 @@ class WorkflowProcessError(Exception):
         self.description = description
 
 
+class WorkerEpisode:
+    """The trainer's side of an episode that runs in a worker (its tuner's `channel` there).
+
+    The record arrives with the workflow's result: empty until then, and if the worker dies.
+    """
+
+    def __init__(self, episode_id: str, sampling: SamplingParams):
+        self.episode_id = episode_id
+        self.sampling = sampling
+        self.recorded: EpisodeRecord | str = EpisodeRecord()  # str: why the worker could not read it
+
+    @property
+    def engine_failing(self) -> bool:
+        return isinstance(self.recorded, EpisodeRecord) and self.recorded.engine_failing
+
+    def record(self, trainable_targets: list[str] | None = None) -> EpisodeRecord:
+        """The record as the worker read it (with the same `rollout.trainable_targets`)."""
+        if isinstance(self.recorded, str):
+            raise WorkflowProcessError(self.recorded)
+        return self.recorded
+
+
+@dataclass
+class _Setup:
+    """What a worker needs to start: it builds its own gateway from these."""
+
+    config: AgentTuneConfig
+    gateway_config: AgentTuneConfig
+    tokenizer: Any
+    wants_messages: bool  # the engine takes messages (chat mode), not prompt ids
+    http: bool  # the worker's gateway serves HTTP too (when the trainer's does)
+    workflow_cls: type[Workflow]
+    run_dir: Any
+
+
 @dataclass
 class _Worker:
     process: BaseProcess
-    conn: Connection
     ready: asyncio.Future
+    pipe: MessagePipe | None = None
     replies: dict[tuple[str, int], asyncio.Future] = field(default_factory=dict)  # ("done"/"ended", job)
+    generating: dict[int, asyncio.Task] = field(default_factory=dict)  # its engine calls in flight
     alive: bool = True
 
 
 class WorkflowProcesses:
     """`count` worker processes that run workflows for the trainer's process.
 
-    `await start()` once (spawns them and waits until each has imported the workflow), `run(tuner)`
-    per episode, `await stop()` at the end. A worker that dies fails the episodes it was running
-    (they are recorded as workflow errors) and is replaced at the next episode.
+    `await start()` once (spawns them and waits until each has imported the workflow and started
+    its gateway); per episode `open_episode()` and `run(tuner)`; `await stop()` at the end. A
+    worker that dies fails the episodes it was running (they are recorded as workflow errors) and
+    is replaced at the next episode.
     """
 
     def __init__(self, count: int, gateway: Gateway, config: AgentTuneConfig, workflow_cls: type[Workflow],
                  run_dir: Any = None):
         self.count = count
-        self.gateway = gateway
-        self.config = config
-        self.workflow_cls = workflow_cls
-        self.run_dir = run_dir
+        self.engine = gateway.engine
+        gateway_config = gateway.config.model_copy(
+            update={"gateway": gateway.config.gateway.model_copy(update={"port": 0})})  # each its own free port
+        self.setup = _Setup(config, gateway_config, gateway.tokenizer, bool(getattr(gateway.engine, "wants_messages",
+                                                                                     False)),
+                            gateway.port is not None, workflow_cls, run_dir)
         self._workers: list[_Worker] = []
+        self._replacing = asyncio.Lock()  # one replacement per dead worker, ready before it gets work
         self._job_ids = itertools.count()
         self._context = multiprocessing.get_context("spawn")  # fork would copy the trainer's threads and CUDA
 
     async def start(self) -> WorkflowProcesses:
-        _check_picklable(self.workflow_cls)
-        self._workers = [self._spawn() for _ in range(self.count)]
+        _check_picklable(self.setup.workflow_cls)
+        self._workers = [await self._spawn() for _ in range(self.count)]
         await asyncio.gather(*(self._until_ready(worker) for worker in self._workers))
         return self
 
@@ -104,26 +145,37 @@ class WorkflowProcesses:
                 worker.process.kill()
                 await asyncio.to_thread(worker.process.join, STOP_TIMEOUT_S)
 
+    def open_episode(self, episode_id: str, sampling: SamplingParams) -> WorkerEpisode:
+        return WorkerEpisode(episode_id, sampling)
+
+    def close_episode(self, episode: WorkerEpisode) -> None:
+        """Nothing to do: the worker closes the episode's channel when the workflow ends."""
+
     async def run(self, tuner: ModelTuner) -> Any:
         """Run the workflow for `tuner`'s episode in a worker; its return value.
 
         Raises WorkflowProcessError when it fails there. Cancelling this cancels the workflow in the
-        worker and waits for it to unwind (the rollout engine bounds that wait). The worker runs the
-        episode's cleanups when the trainer runs `tuner.run_cleanups()`.
+        worker and waits for it to unwind (the rollout engine bounds that wait). Either way the
+        episode's record is on `tuner.channel` afterwards. The worker runs the episode's cleanups
+        when the trainer runs `tuner.run_cleanups()`.
         """
         worker = await self._least_busy()
         job = next(self._job_ids)
         done = self._expect(worker, "done", job)
-        channel = tuner.channel
-        tuner.add_cleanup(lambda: self._end(worker, job))
-        self._send(worker, ("run", job, tuner.task, self.gateway.root_url, channel.key, channel.episode_id))
+        episode: WorkerEpisode = tuner.channel  # type: ignore[assignment]
+        self._send(worker, ("run", job, tuner.task, episode.episode_id, episode.sampling))
         try:
-            outcome, value, handed = await asyncio.shield(done)
+            outcome, value, handed, record, cleanups = await asyncio.shield(done)
         except asyncio.CancelledError:
+            tuner.add_cleanup(lambda: self._end(worker, job))  # whatever it registered before it stopped
             self._send(worker, ("cancel", job))
-            await asyncio.wait({done})  # the worker answers "cancelled" once the workflow has unwound
+            await asyncio.wait({done})  # the worker answers once the workflow has unwound
+            episode.recorded = done.result()[3] or episode.recorded
             raise
+        if cleanups:  # the worker keeps the episode's tuner until told to run them
+            tuner.add_cleanup(lambda: self._end(worker, job))
         tuner.judge_input_dictionary.update(handed)
+        episode.recorded = record or episode.recorded
         if outcome == "ok":
             return value
         if outcome == "cancelled":
@@ -131,16 +183,15 @@ class WorkflowProcesses:
         raise WorkflowProcessError(value)
 
     # -- the workers --------------------------------------------------------------------------------
-    def _spawn(self) -> _Worker:
-        ours, theirs = self._context.Pipe()
-        process = self._context.Process(target=serve_worker, args=(theirs, self.config, self.workflow_cls,
-                                                                   self.run_dir),
-                                        name="agenttune-workflows", daemon=True)
+    async def _spawn(self) -> _Worker:
+        ours, theirs = socket.socketpair()
+        process = self._context.Process(target=serve_worker, args=(theirs, self.setup), name="agenttune-workflows",
+                                        daemon=True)
         process.start()
         theirs.close()
-        loop = asyncio.get_running_loop()
-        worker = _Worker(process, ours, loop.create_future())
-        loop.add_reader(ours.fileno(), self._receive, worker)
+        worker = _Worker(process, asyncio.get_running_loop().create_future())
+        worker.pipe = await open_pipe(ours, lambda message: self._receive(worker, message),
+                                      lambda: self._exited(worker))
         return worker
 
     async def _until_ready(self, worker: _Worker) -> None:
@@ -153,49 +204,69 @@ class WorkflowProcesses:
                                  "why (a slow or hanging import in the workflow's module?).") from None
 
     async def _least_busy(self) -> _Worker:
-        for index, worker in enumerate(self._workers):
-            if not worker.alive:  # replace a dead worker before handing out work
-                self._workers[index] = replacement = self._spawn()
-                await self._until_ready(replacement)
+        async with self._replacing:
+            for index, worker in enumerate(self._workers):
+                if not worker.alive:  # replace a dead worker before handing out work
+                    replacement = await self._spawn()
+                    await self._until_ready(replacement)
+                    self._workers[index] = replacement
         return min(self._workers, key=lambda worker: len(worker.replies))
 
-    def _receive(self, worker: _Worker) -> None:
-        """Read what a worker sent (called by the event loop when its pipe is readable)."""
-        try:
-            while worker.conn.poll():
-                kind, *rest = worker.conn.recv()
-                if kind == "request":  # a call of one of its episodes, for the gateway
-                    asyncio.create_task(self._answer(worker, *rest))
-                elif kind == "ready":
-                    worker.ready.set_result(None)
-                elif kind == "failed":  # it could not even start: the workflow's module did not import
-                    worker.ready.set_exception(UserError(
-                        f"A workflow process could not start: {rest[0]}",
-                        hint="The workflow must be importable by name (module:Class at module level) in a fresh "
-                             "process; set rollout.workflow_processes: 1 to run it in this process instead."))
-                else:  # "done" (job, outcome, value, handed) or "ended" (job,)
-                    reply = worker.replies.pop((kind, rest[0]), None)
-                    if reply is not None and not reply.done():
-                        reply.set_result(tuple(rest[1:]))
-        except (EOFError, OSError):
-            worker.process.join(0.1)
-            self._retire(worker, f"the workflow process exited (exit code {worker.process.exitcode}) while "
-                                 "running this episode")
+    def _receive(self, worker: _Worker, message: tuple) -> None:
+        """A message from a worker (called by the event loop as it arrives)."""
+        kind, *rest = message
+        if kind in ("generate", "generate_chat"):  # an engine call of one of its episodes
+            call, *arguments = rest
+            worker.generating[call] = asyncio.create_task(self._generate(worker, call, kind, arguments))
+        elif kind == "abort":  # the episode stopped waiting (cancelled, timed out)
+            running = worker.generating.pop(rest[0], None)
+            if running is not None:
+                running.cancel()
+        elif kind == "ready":
+            worker.ready.set_result(None)
+        elif kind == "failed":  # it could not even start: the workflow's module did not import
+            worker.ready.set_exception(UserError(
+                f"A workflow process could not start: {rest[0]}",
+                hint="The workflow must be importable by name (module:Class at module level) in a fresh "
+                     "process; set rollout.workflow_processes: 1 to run it in this process instead."))
+        else:  # "done" (job, outcome, value, handed, record, cleanups) or "ended" (job,)
+            reply = worker.replies.pop((kind, rest[0]), None)
+            if reply is not None and not reply.done():
+                reply.set_result(tuple(rest[1:]))
 
-    async def _answer(self, worker: _Worker, request: int, method: str, path: str, headers: dict, body: bytes) -> None:
-        self._send(worker, ("reply", request, await self.gateway.handle(method, path, headers, body)))
+    async def _generate(self, worker: _Worker, call: int, kind: str, arguments: list) -> None:
+        try:
+            if kind == "generate":
+                prompt_ids, sampling, request_id = arguments
+                result = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+            else:
+                result = await self.engine.generate_chat(*arguments)
+            error = None
+        except asyncio.CancelledError:
+            return  # the worker gave up on it (abort), or the worker is gone
+        except Exception as raised:  # the worker's gateway turns it into the episode's 502, as in-process
+            result, error = None, _sendable(raised)
+        finally:
+            worker.generating.pop(call, None)
+        self._send(worker, ("generated", call, result, error))
+
+    def _exited(self, worker: _Worker) -> None:
+        """The worker's end of the pipe closed: it exited (or crashed)."""
+        worker.process.join(0.1)
+        during = " while running this episode" if worker.ready.done() else ""
+        self._retire(worker, f"the workflow process exited (exit code {worker.process.exitcode}){during}")
 
     def _retire(self, worker: _Worker, reason: str) -> None:
-        """Stop reading from `worker`, tell it to stop, and fail whatever it was still running."""
+        """Stop talking to `worker`, tell it to stop, and fail whatever it was still running."""
         if not worker.alive:
             return
         worker.alive = False
-        asyncio.get_running_loop().remove_reader(worker.conn.fileno())
-        try:
-            worker.conn.send(None)
-        except OSError:
-            pass  # it is gone already
-        worker.conn.close()
+        if worker.pipe is not None:
+            try:
+                worker.pipe.send(None)
+            except OSError:
+                pass  # it is gone already
+            worker.pipe.close()
         if not worker.ready.done():
             worker.ready.set_exception(UserError(f"A workflow process could not start: {reason}.",
                                                  hint="Set rollout.workflow_processes: 1 to run workflows in "
@@ -203,17 +274,19 @@ class WorkflowProcesses:
         replies, worker.replies = worker.replies, {}
         for reply in replies.values():
             if not reply.done():
-                reply.set_result(("error", reason, {}))
+                reply.set_result(("error", reason, {}, None, False))
+        for running in worker.generating.values():
+            running.cancel()
 
     def _expect(self, worker: _Worker, kind: str, job: int) -> asyncio.Future:
         worker.replies[kind, job] = reply = asyncio.get_running_loop().create_future()
         return reply
 
     def _send(self, worker: _Worker, message: tuple) -> None:
-        if not worker.alive:
+        if not worker.alive or worker.pipe is None:
             return  # its replies were failed when it was retired
         try:
-            worker.conn.send(message)
+            worker.pipe.send(message)
         except OSError:
             self._retire(worker, "the workflow process could not be reached")
 
@@ -241,138 +314,177 @@ def _check_picklable(workflow_cls: type) -> None:
                  "rollout.workflow_processes: 1.") from None
 
 
+def _sendable(error: Exception) -> Exception:
+    """`error` itself if it survives pickling (its type name is part of the episode's 502), else its text."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
 # -- inside a worker ------------------------------------------------------------------------------------
-class ProcessChannel(EpisodeAddress):
-    """A worker's view of an episode's gateway channel: the same address, key and transports.
+class RemoteEngine(InferenceEngine):
+    """The trainer's inference engine, as the worker's gateway sees it: each call goes over the pipe."""
 
-    Its transports hand requests over the worker's pipe to the trainer's gateway (`handler` is the
-    worker's `_Episodes`). The record of the episode (timelines, samples, counters) stays in the
-    trainer's process; of it, a workflow can read `context_overflow`, which this asks the gateway for.
-    """
+    name = "workflow-process"
 
-    def __init__(self, root_url: str, key: str, episode_id: str, handler: _Episodes):
-        self._root_url = root_url
-        self.key = key
-        self.episode_id = episode_id
-        self.handler = handler
+    def __init__(self, wants_messages: bool):
+        self.wants_messages = wants_messages
+        self.pipe: MessagePipe | None = None
+        self._calls = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
 
-    @property
-    def root_url(self) -> str:
-        return self._root_url
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                       request_id: str | None = None) -> Generation:
+        return await self._call("generate", prompt_ids, sampling, request_id)
 
-    @property
-    def context_overflow(self) -> bool:
-        # Over HTTP: a property is sync, and the pipe is served by this worker's event loop.
-        response = httpx.get(f"{self.base_url}/episode", headers={"authorization": f"Bearer {self.key}"},
-                             verify=_tls_context())
-        return bool(response.json().get("context_overflow"))
+    async def generate_chat(self, messages: list[dict], tools: list[dict] | None,
+                            sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
+        return await self._call("generate_chat", messages, tools, sampling)
+
+    async def _call(self, kind: str, *arguments: Any) -> Any:
+        if self.pipe is None:
+            raise ConnectionError("the trainer's process is gone")
+        call = next(self._calls)
+        self._waiting[call] = answer = asyncio.get_running_loop().create_future()
+        try:
+            self.pipe.send((kind, call, *arguments))
+            result, error = await answer
+        except asyncio.CancelledError:
+            if self._waiting.pop(call, None) is not None and self.pipe is not None:
+                self.pipe.send(("abort", call))
+            raise
+        if error is not None:
+            raise error
+        return result
+
+    def answer(self, call: int, result: Any, error: Exception | None) -> None:
+        waiting = self._waiting.pop(call, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result((result, error))
+
+    def disconnect(self) -> None:
+        self.pipe = None
+        waiting, self._waiting = self._waiting, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_result((None, ConnectionError("the trainer's process is gone")))
 
 
-@functools.cache
-def _tls_context() -> Any:
-    """One TLS context per process: httpx builds one per client otherwise (~30 ms: certifi's bundle)."""
-    return httpx.create_ssl_context()
-
-
-def serve_worker(conn: Connection, config: AgentTuneConfig, workflow_cls: type[Workflow], run_dir: Any) -> None:
+def serve_worker(sock: socket.socket, setup: _Setup) -> None:
     """A worker process's main: run episodes as the trainer sends them, until told to stop."""
     from agenttune.session import run_until_done
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
     # run_until_done: a workflow that swallows cancellation cannot keep the worker from exiting
-    run_until_done(_Episodes(conn, config, workflow_cls, run_dir).serve())
+    run_until_done(_Episodes(sock, setup).serve())
 
 
 class _Episodes:
-    def __init__(self, conn: Connection, config: AgentTuneConfig, workflow_cls: type[Workflow], run_dir: Any):
+    """A worker's episodes: its gateway, and the workflows the trainer has it run."""
+
+    def __init__(self, sock: socket.socket, setup: _Setup):
         from agenttune.tuner import FrameworkLoader
 
-        self.conn = conn
-        self.config = config
-        self.workflow_cls = workflow_cls
-        self.frameworks = FrameworkLoader(run_dir)
+        self.sock = sock
+        self.setup = setup
+        self.engine = RemoteEngine(setup.wants_messages)
+        self.frameworks = FrameworkLoader(setup.run_dir)
+        self.gateway: Gateway | None = None
         self.runs: dict[int, asyncio.Task] = {}
         self.tuners: dict[int, ModelTuner] = {}
-        self.replies: dict[int, asyncio.Future] = {}  # forwarded requests awaiting the gateway's answer
-        self.request_ids = itertools.count()
-        self.loop: asyncio.AbstractEventLoop | None = None  # the in-process transports send from this loop
+        self.stopped: asyncio.Future | None = None
 
     async def serve(self) -> None:
+        from agenttune.gateway import Gateway
         from agenttune.rollout_gc import rollout_gc
 
-        try:
-            self.frameworks.get(self.config.agent_framework)  # its setup() runs before the first episode
+        loop = asyncio.get_running_loop()
+        self.stopped = loop.create_future()
+        failure = None
+        try:  # before the pipe opens: nothing reaches the episodes until the gateway is up
+            self.frameworks.get(self.setup.config.agent_framework)  # its setup() runs before the first episode
+            self.gateway = Gateway(self.engine, self.setup.tokenizer, self.setup.gateway_config)
+            if self.setup.http:
+                await self.gateway.start()
+            else:
+                self.gateway.loop = loop
         except Exception as error:
-            self.conn.send(("failed", f"{type(error).__name__}: {error}"))
+            failure = f"{type(error).__name__}: {error}"
+        pipe = self.engine.pipe = await open_pipe(self.sock, self._receive, self._stop)
+        if failure is not None or self.gateway is None:
+            pipe.send(("failed", failure))
+            pipe.close()
             return
-        inbox: asyncio.Queue = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
-        self.loop.add_reader(self.conn.fileno(), self._read, inbox)
-        self.conn.send(("ready",))
-        with rollout_gc():  # what is still running at the end, run_until_done cancels
-            while (message := await inbox.get()) is not None:
-                kind, job, *rest = message
-                if kind == "run":
-                    self.runs[job] = asyncio.create_task(self._run(job, *rest))
-                elif kind == "cancel" and job in self.runs:
-                    self.runs[job].cancel()
-                elif kind == "end":
-                    asyncio.create_task(self._end(job))
-
-    def _read(self, inbox: asyncio.Queue) -> None:
+        pipe.send(("ready",))
         try:
-            while self.conn.poll():
-                message = self.conn.recv()
-                if message is not None and message[0] == "reply":
-                    reply = self.replies.pop(message[1], None)
-                    if reply is not None and not reply.done():
-                        reply.set_result(message[2])
-                else:
-                    inbox.put_nowait(message)
-        except (EOFError, OSError):  # the trainer is gone
-            asyncio.get_running_loop().remove_reader(self.conn.fileno())
-            inbox.put_nowait(None)
+            with rollout_gc():  # what is still running at the end, run_until_done cancels
+                await self.stopped
+        finally:
+            await self.gateway.stop()
+            pipe.close()
 
-    async def handle(self, method: str, path: str, headers: Any, body: bytes) -> Reply:
-        """Have the trainer's gateway answer a request (what the in-process transports call)."""
-        request = next(self.request_ids)
-        reply = self.replies[request] = asyncio.get_running_loop().create_future()
-        try:
-            self.conn.send(("request", request, method, path, dict(headers), body))
-        except OSError:
-            self.replies.pop(request, None)
-            raise httpx.ConnectError("the trainer's process is gone") from None
-        return await reply
+    def _receive(self, message: tuple | None) -> None:
+        if message is None:  # the trainer is done with this worker
+            self._stop()
+            return
+        kind, key, *rest = message
+        if kind == "generated":
+            self.engine.answer(key, *rest)
+        elif kind == "run":
+            self.runs[key] = asyncio.create_task(self._run(key, *rest))
+        elif kind == "cancel" and key in self.runs:
+            self.runs[key].cancel()
+        elif kind == "end":
+            asyncio.create_task(self._end(key))
 
-    async def _run(self, job: int, task: Task, root_url: str, key: str, episode_id: str) -> None:
+    def _stop(self) -> None:
+        self.engine.disconnect()
+        if self.stopped is not None and not self.stopped.done():
+            self.stopped.set_result(None)
+
+    async def _run(self, job: int, task: Task, episode_id: str, sampling: SamplingParams) -> None:
         from agenttune.rollout import call_logged, call_workflow, describe
         from agenttune.tuner import ModelTuner
 
-        channel = ProcessChannel(root_url, key, episode_id, self)
-        tuner = self.tuners[job] = ModelTuner(channel, task, self.config, self.frameworks)
+        assert self.gateway is not None
+        channel = self.gateway.open_episode(episode_id, sampling)
+        tuner = self.tuners[job] = ModelTuner(channel, task, self.setup.config, self.frameworks)
         try:
-            outcome = ("ok", await call_workflow(self.workflow_cls, task, tuner))
+            outcome = ("ok", await call_workflow(self.setup.workflow_cls, task, tuner))
         except asyncio.CancelledError:
             outcome = ("cancelled", None)
         except Exception as error:
             outcome = ("error", describe(error))
         finally:
             self.runs.pop(job, None)
-            await call_logged(tuner.aclose, "closing the episode's clients")
-        self._reply("done", job, *outcome, dict(tuner.judge_input_dictionary))
+        try:  # also after a failure: a partial conversation is what the log viewer must show
+            record: EpisodeRecord | str = channel.record(trainable_targets=self.setup.config.rollout.trainable_targets)
+        except Exception as error:
+            record = describe(error)
+        await call_logged(tuner.aclose, "closing the episode's clients")
+        self.gateway.close_episode(channel)
+        if not tuner.has_cleanups:
+            self.tuners.pop(job, None)
+        self._reply(("done", job, *outcome, dict(tuner.judge_input_dictionary), record, tuner.has_cleanups))
 
     async def _end(self, job: int) -> None:
         tuner = self.tuners.pop(job, None)
         if tuner is not None:
             await tuner.run_cleanups()
-        self._reply("ended", job)
+        self._reply(("ended", job))
 
-    def _reply(self, *message: Any) -> None:
+    def _reply(self, message: tuple) -> None:
+        pipe = self.engine.pipe
+        if pipe is None:
+            return  # the trainer is gone; serve() is ending
         try:
-            self.conn.send(message)
+            pipe.send(message)
         except (pickle.PicklingError, TypeError, AttributeError) as error:  # pickling happens before writing
-            kind, job = message[0], message[1]
-            self.conn.send((kind, job, "error", f"the workflow's result (or what it handed the judge) cannot be sent "
-                                                f"back from the workflow process: {type(error).__name__}: {error}", {}))
+            kind, job, *_, record, cleanups = message
+            pipe.send((kind, job, "error", f"the workflow's result (or what it handed the judge) cannot be sent "
+                                          f"back from the workflow process: {type(error).__name__}: {error}", {},
+                       record, cleanups))
         except OSError:
-            pass  # the trainer is gone; serve() ends at the pipe's EOF
+            pass  # the trainer is gone

@@ -8,6 +8,7 @@ samples, conversation and counters.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agenttune.engine import SamplingParams
@@ -21,19 +22,40 @@ if TYPE_CHECKING:
 DEFAULT_AGENT = "default"
 
 
-class EpisodeAddress:
-    """How a workflow's clients reach an episode: base URLs, keys and in-process transports.
+@dataclass
+class EpisodeRecord:
+    """What an episode's channel hands over when the episode ends (it may cross a process boundary)."""
 
-    `handler` answers requests without a socket (`handle(method, path, headers, body)` on its event
-    loop `loop`): the gateway itself, or, in a workflow process, the pipe to it.
-    """
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    trainable: bool = True
+    madness: list[str] = field(default_factory=list)
+    engine_failing: bool = False
 
-    key: str
-    handler: Any
 
+class EpisodeChannel:
+    """One episode's door into the gateway (its key and addresses) and its record."""
+
+    def __init__(self, gateway: Gateway, episode_id: str, key: str, sampling: SamplingParams):
+        self.gateway = gateway
+        self.episode_id = episode_id
+        self.key = key
+        self.sampling = sampling
+        self.context_overflow = False
+        self.trainable = True  # False once the engine answered with text instead of token ids
+        self.engine_failing = False  # the latest call failed in the inference engine (a 502)
+        self.madness: list[str] = []  # the checks that fired, in order, each once
+        self.madness_details: list[str] = []  # what each hit was about
+        self.counters: Counter[str] = Counter()
+        self.closed = False
+        self._timelines: dict[str, Timeline] = {}
+        self._samples: list[SampleBuilder] = []
+
+    # -- the address -----------------------------------------------------------------------------
     @property
     def root_url(self) -> str:
-        raise NotImplementedError
+        return self.gateway.root_url
 
     def api_key(self, agent: str | None = None) -> str:
         """The API key a client sends: the episode key, or `key.agent` to file calls under `agent`."""
@@ -52,34 +74,13 @@ class EpisodeAddress:
         """An `httpx` transport that reaches the gateway without a socket (sync clients)."""
         from agenttune.gateway.transport import InProcessTransport
 
-        return InProcessTransport(self.handler)
+        return InProcessTransport(self.gateway)
 
     def async_transport(self) -> AsyncInProcessTransport:
         """An `httpx` transport that reaches the gateway without a socket (async clients)."""
         from agenttune.gateway.transport import AsyncInProcessTransport
 
-        return AsyncInProcessTransport(self.handler)
-
-
-class EpisodeChannel(EpisodeAddress):
-    def __init__(self, gateway: Gateway, episode_id: str, key: str, sampling: SamplingParams):
-        self.gateway = self.handler = gateway
-        self.episode_id = episode_id
-        self.key = key
-        self.sampling = sampling
-        self.context_overflow = False
-        self.trainable = True  # False once the engine answered with text instead of token ids
-        self.engine_failing = False  # the latest call failed in the inference engine (a 502)
-        self.madness: list[str] = []  # the checks that fired, in order, each once
-        self.madness_details: list[str] = []  # what each hit was about
-        self.counters: Counter[str] = Counter()
-        self.closed = False
-        self._timelines: dict[str, Timeline] = {}
-        self._samples: list[SampleBuilder] = []
-
-    @property
-    def root_url(self) -> str:
-        return self.gateway.root_url
+        return AsyncInProcessTransport(self.gateway)
 
     # -- the record --------------------------------------------------------------------------------
     def timeline(self, agent: str) -> Timeline:
@@ -103,6 +104,11 @@ class EpisodeChannel(EpisodeAddress):
                          else message for message in timeline.conversation]
         return messages
 
+    def record(self, trainable_targets: list[str] | None = None) -> EpisodeRecord:
+        """The episode so far: conversation, samples (see `samples`), counters and flags."""
+        return EpisodeRecord(self.messages(), self.samples(trainable_targets), self.metrics(), self.trainable,
+                             list(self.madness), self.engine_failing)
+
     def metrics(self) -> dict[str, float]:
         """Counters of this episode: calls, tokens, samples, merge breaks (by reason), madness, overflow."""
         breaks: Counter[str] = Counter()
@@ -125,4 +131,4 @@ class EpisodeChannel(EpisodeAddress):
         self.madness_details.append(f"{check}: {detail}")
 
 
-__all__ = ["EpisodeChannel", "BREAK_REASONS", "DEFAULT_AGENT"]
+__all__ = ["EpisodeChannel", "EpisodeRecord", "BREAK_REASONS", "DEFAULT_AGENT"]

@@ -7,9 +7,8 @@
     gateway.close_episode(channel)
     await gateway.stop()
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and `GET /v1/episode` (the
-episode's `context_overflow`, for workflows in worker processes); each also under `/e/{key}`
-for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
+Routes: `POST /v1/chat/completions`, `GET /v1/models` and `GET /health`; each also under
+`/e/{key}` for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
 error shape. The HTTP server and the in-process transports call the same `handle`.
 """
 
@@ -172,10 +171,6 @@ class Gateway:
             if result.request.stream:
                 return Reply(200, completion_events(result), EVENTS)
             return Reply(200, completion_body(result))
-        if route == "/episode":  # for workflows in other processes (tuner.context_overflow)
-            _allow(method, "GET")
-            channel, _ = self._channel(path_key or _header_key(headers))
-            return Reply(200, dumps({"episode_id": channel.episode_id, "context_overflow": channel.context_overflow}))
         if route == "/models":
             _allow(method, "GET")
             return Reply(200, dumps({"object": "list", "data": [

@@ -3,9 +3,8 @@
 Both call the same handler as the HTTP server. The gateway's work (and the engine's batching)
 stays on the gateway's event loop: calls from other threads or loops are handed over to it.
 
-The handler is anything with `handle(method, path, headers, body) -> Reply` and its event loop
-`loop`: the Gateway, or in a workflow process the pipe to the trainer's gateway
-(agenttune.workflow_processes).
+The handler is the Gateway: anything with `handle(method, path, headers, body) -> Reply` and
+the event loop it answers on, `loop`.
 """
 
 from __future__ import annotations
