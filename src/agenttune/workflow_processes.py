@@ -121,9 +121,9 @@ class WorkflowProcesses:
         self.engine = gateway.engine
         gateway_config = gateway.config.model_copy(
             update={"gateway": gateway.config.gateway.model_copy(update={"port": 0})})  # each its own free port
-        self.setup = _Setup(config, gateway_config, gateway.tokenizer, bool(getattr(gateway.engine, "wants_messages",
-                                                                                     False)),
-                            gateway.port is not None, workflow_cls, run_dir)
+        wants_messages = bool(getattr(gateway.engine, "wants_messages", False))
+        self.setup = _Setup(config, gateway_config, gateway.tokenizer, wants_messages, http=gateway.port is not None,
+                            workflow_cls=workflow_cls, run_dir=run_dir)
         self._workers: list[_Worker] = []
         self._replacing = asyncio.Lock()  # one replacement per dead worker, ready before it gets work
         self._job_ids = itertools.count()
