@@ -17,6 +17,8 @@ own gateway, and only the engine calls reach the trainer's process.
 
 Before the table it measures, side by side, the CPU one call costs in each client library (against a
 canned in-memory reply) and in the gateway, which bounds calls/s on the one core an event loop has.
+The table's last columns split the CPU of the measured run per call: the trainer's process, and the
+workflow processes together.
 
     python bench/rollout_concurrency.py                        # C = 1, 16, 64, 128, 256, every workflow
     python bench/rollout_concurrency.py --levels 128 --workflows httpx --waves 8
@@ -31,8 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import multiprocessing
 import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
 from agenttune.engines.scripted import ScriptedEngine
@@ -99,9 +104,17 @@ class InstantJudge(Judge):
         return JudgeResult(reward=1.0, success=True)
 
 
+@dataclass
+class Measured:
+    seconds: float
+    ideal: float
+    trainer_us: float  # CPU per call in the trainer's process
+    workers_us: float | None  # CPU per call in the workflow processes together (None: not on Linux)
+
+
 async def measure(workflow: type[Workflow], concurrency: int, episodes: int,
-                  latency_s: float = LATENCY_S, processes: int = 1) -> tuple[float, float]:
-    """(measured seconds, ideal seconds) for `episodes` episodes, `concurrency` at a time.
+                  latency_s: float = LATENCY_S, processes: int = 1) -> Measured:
+    """`episodes` episodes, `concurrency` at a time: measured and ideal seconds, and CPU per call.
 
     `processes` > 1: the workflows run in that many worker processes (rollout.workflow_processes).
     """
@@ -116,14 +129,30 @@ async def measure(workflow: type[Workflow], concurrency: int, episodes: int,
         rollout = RolloutEngine(config, gateway, workflow, InstantJudge())
         try:
             await rollout.run_tasks(tasks[: min(concurrency, 8)])  # warm up (processes, imports, templates)
-            started = time.perf_counter()
+            workers = [child.pid for child in multiprocessing.active_children()]
+            cpu, workers_cpu, started = time.process_time(), _cpu_seconds(workers), time.perf_counter()
             results = await rollout.run_tasks(tasks)
             elapsed = time.perf_counter() - started
+            cpu, workers_cpu = time.process_time() - cpu, _cpu_seconds(workers) - workers_cpu
         finally:
             await rollout.aclose()
     failed = [episode for episode in results if episode.status.failed or episode.metrics.get("calls") != TURNS]
     assert not failed, f"{len(failed)} episodes failed: {failed[0].error}"
-    return elapsed, math.ceil(episodes / concurrency) * TURNS * latency_s
+    calls = episodes * TURNS
+    return Measured(elapsed, math.ceil(episodes / concurrency) * TURNS * latency_s, cpu / calls * 1e6,
+                    workers_cpu / calls * 1e6 if not math.isnan(workers_cpu) else None)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (Linux /proc; NaN elsewhere)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return math.nan
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 # -- CPU per call, side by side -------------------------------------------------------------------------------
@@ -232,16 +261,18 @@ def main() -> None:
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     print_call_costs(latency_s)
     print(f"{'workflow':12s} {'processes':>9s} {'C':>5s} {'episodes':>9s} {'ideal s':>8s} {'measured s':>11s} "
-          f"{'efficiency':>11s} {'calls/s':>8s}")
+          f"{'efficiency':>11s} {'calls/s':>8s} {'trainer us/call':>16s} {'workers us/call':>16s}")
     efficiencies = {}
     for name in args.workflows.split(","):
         for processes in (int(text) for text in args.processes.split(",")):
             for level in (int(text) for text in args.levels.split(",")):
                 episodes = max(8, args.waves * level)
-                measured, ideal = asyncio.run(measure(workflows[name], level, episodes, latency_s, processes))
-                efficiencies[name, processes, level] = ideal / measured
-                print(f"{name:12s} {processes:9d} {level:5d} {episodes:9d} {ideal:8.2f} {measured:11.2f} "
-                      f"{ideal / measured:11.3f} {episodes * TURNS / measured:8.0f}")
+                run = asyncio.run(measure(workflows[name], level, episodes, latency_s, processes))
+                efficiencies[name, processes, level] = run.ideal / run.seconds
+                workers = "-" if processes == 1 or run.workers_us is None else f"{run.workers_us:.0f}"
+                print(f"{name:12s} {processes:9d} {level:5d} {episodes:9d} {run.ideal:8.2f} {run.seconds:11.2f} "
+                      f"{run.ideal / run.seconds:11.3f} {episodes * TURNS / run.seconds:8.0f} "
+                      f"{run.trainer_us:16.0f} {workers:>16s}")
     if args.latency_ms == LATENCY_S * 1000:  # the target is set at 50 ms
         for (name, processes, level), value in efficiencies.items():
             if level == 128:
