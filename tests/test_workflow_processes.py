@@ -96,6 +96,8 @@ async def test_a_worker_that_dies_fails_only_its_own_episodes_and_is_replaced():
             first = await rollout.run_tasks(tasks("die", "ok", "ok", "ok"))
             second = await rollout.run_tasks(tasks(*["ok"] * 4))
             [unsendable] = await rollout.run_tasks(tasks("unsendable"))
+            [unsendable_task] = await rollout.run_tasks(tasks("ok", hook=lambda: None))
+            after = await rollout.run_tasks(tasks("ok", "ok"))
     died = first[0]
     assert died.status is EpisodeStatus.WORKFLOW_ERROR
     assert "the workflow process exited (exit code 9) while running this episode" in died.error
@@ -107,6 +109,9 @@ async def test_a_worker_that_dies_fails_only_its_own_episodes_and_is_replaced():
     # A result that cannot be pickled is that episode's error, and its worker lives on.
     assert unsendable.status is EpisodeStatus.WORKFLOW_ERROR
     assert "cannot be sent back from the workflow process" in unsendable.error
+    # So is a task that cannot be sent to one, and the workers go on.
+    assert unsendable_task.status is EpisodeStatus.WORKFLOW_ERROR and "pickle" in unsendable_task.error
+    assert [episode.status for episode in after] == [EpisodeStatus.OK] * 2
 
 
 async def test_cleanups_run_in_the_worker_after_the_judge(tmp_path: Path):

@@ -163,7 +163,11 @@ class WorkflowProcesses:
         job = next(self._job_ids)
         done = self._expect(worker, "done", job)
         episode: WorkerEpisode = tuner.channel  # type: ignore[assignment]
-        self._send(worker, ("run", job, tuner.task, episode.episode_id, episode.sampling))
+        try:
+            self._send(worker, ("run", job, tuner.task, episode.episode_id, episode.sampling))
+        except Exception:  # the task cannot be pickled: this episode's error
+            worker.replies.pop(("done", job), None)
+            raise
         try:
             outcome, value, handed, record, cleanups = await asyncio.shield(done)
         except asyncio.CancelledError:
