@@ -52,11 +52,7 @@ class EpisodeChannel:
         self._timelines: dict[str, Timeline] = {}
         self._samples: list[SampleBuilder] = []
 
-    # -- the address -----------------------------------------------------------------------------
-    @property
-    def root_url(self) -> str:
-        return self.gateway.root_url
-
+    # -- addresses -------------------------------------------------------------------------------
     def api_key(self, agent: str | None = None) -> str:
         """The API key a client sends: the episode key, or `key.agent` to file calls under `agent`."""
         return self.key if agent in (None, DEFAULT_AGENT) else f"{self.key}.{agent}"
@@ -64,11 +60,11 @@ class EpisodeChannel:
     @property
     def base_url(self) -> str:
         """The gateway's OpenAI base URL (`http://127.0.0.1:PORT/v1`); send `api_key()` with it."""
-        return f"{self.root_url}/v1"
+        return self.gateway.base_url
 
     def path_base_url(self, agent: str | None = None) -> str:
         """A base URL with the key in the path, for clients that cannot set an API key."""
-        return f"{self.root_url}/e/{self.api_key(agent)}/v1"
+        return f"{self.gateway.root_url}/e/{self.api_key(agent)}/v1"
 
     def transport(self) -> InProcessTransport:
         """An `httpx` transport that reaches the gateway without a socket (sync clients)."""

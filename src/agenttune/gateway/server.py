@@ -7,8 +7,8 @@
     gateway.close_episode(channel)
     await gateway.stop()
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models` and `GET /health`; each also under
-`/e/{key}` for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
+Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`; each also under `/e/{key}`
+for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
 error shape. The HTTP server and the in-process transports call the same `handle`.
 """
 
