@@ -6,8 +6,10 @@ serves any number of calls at once (a remote server with room to spare). With C 
 the ideal is ceil(N / C) waves x 4 turns x 50 ms; anything above that is CPU spent per call (the
 agent's client library, the gateway, the rollout engine) or episodes waiting on each other.
 
-Three workflows, the same conversation:
-    httpx         raw JSON with httpx on `tuner.channel.async_transport()`: agenttune's own cost
+Four workflows, the same conversation:
+    handler       JSON bytes straight to the gateway's request handler, no client library: what
+                  agenttune itself costs (the handler the in-process transport and HTTP server call)
+    httpx         raw JSON with httpx on `tuner.channel.async_transport()`: the lightest real client
     openai-async  `tuner.as_async_openai_client()`, what most agents use
     openai-sync   `tuner.as_openai_client()` in a sync workflow (one thread per episode)
 
@@ -20,10 +22,15 @@ canned in-memory reply) and in the gateway, which bounds calls/s on the one core
 The table's last columns split the CPU of the measured run per call: the trainer's process, and the
 workflow processes together.
 
+`--ceiling K` adds, for every workflow and level, a row that shares nothing: K independent processes
+of C / K episodes each (their own engine, gateway and rollout), started together. It is what the
+machine's cores give this work when no process waits on another: a bound on any split of it.
+
     python bench/rollout_concurrency.py                        # C = 1, 16, 64, 128, 256, every workflow
     python bench/rollout_concurrency.py --levels 128 --workflows httpx --waves 8
     python bench/rollout_concurrency.py --latency-ms 200         # an engine that takes longer per call
     python bench/rollout_concurrency.py --levels 128 --processes 1,2,3
+    python bench/rollout_concurrency.py --levels 128 --workflows handler,httpx --ceiling 2
 
 Target: efficiency >= 0.9 at C = 128 (2 cores).
 """
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import multiprocessing
 import os
@@ -47,6 +55,7 @@ from agenttune.testing.gateways import running_gateway, tiny_config
 
 TURNS = 4
 LATENCY_S = 0.050
+START_TOGETHER_S = 600  # how long independent parts wait for each other to be warm
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a fact up.",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"q": "France"}}\n</tool_call>'
@@ -59,6 +68,24 @@ def turn_messages(task: Task) -> list[dict]:
 
 def tool_result(message, turn: int) -> dict:
     return {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"Paris ({turn})"}
+
+
+async def converse_with_handler(gateway, api_key: str, messages: list[dict]) -> None:
+    """The conversation as JSON bytes straight to the gateway's request handler (no client library)."""
+    headers = {"authorization": f"Bearer {api_key}"}
+    for turn in range(TURNS):
+        body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode()
+        message = json.loads((await gateway.handle("POST", "/v1/chat/completions", headers, body)).body)
+        message = message["choices"][0]["message"]
+        messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                               "content": f"Paris ({turn})"}]
+
+
+class HandlerAgent(Workflow):
+    async def execute(self, task, tuner):
+        # the episode's gateway: the trainer's, or its worker's own
+        await converse_with_handler(tuner.channel.gateway, tuner.api_key, turn_messages(task))
+        return WorkflowOutput(metadata={"turns": TURNS})
 
 
 class HttpxAgent(Workflow):
@@ -94,7 +121,7 @@ class SyncAgent(Workflow):
         return WorkflowOutput(metadata={"turns": TURNS})
 
 
-WORKFLOWS = {"httpx": HttpxAgent, "openai-async": AsyncAgent, "openai-sync": SyncAgent}
+WORKFLOWS = {"handler": HandlerAgent, "httpx": HttpxAgent, "openai-async": AsyncAgent, "openai-sync": SyncAgent}
 
 
 class InstantJudge(Judge):
@@ -113,10 +140,11 @@ class Measured:
 
 
 async def measure(workflow: type[Workflow], concurrency: int, episodes: int,
-                  latency_s: float = LATENCY_S, processes: int = 1) -> Measured:
+                  latency_s: float = LATENCY_S, processes: int = 1, before_timing=None) -> Measured:
     """`episodes` episodes, `concurrency` at a time: measured and ideal seconds, and CPU per call.
 
     `processes` > 1: the workflows run in that many worker processes (rollout.workflow_processes).
+    `before_timing`: called after the warm-up, just before the timed run (to start runs together).
     """
     tokenizer = tiny_tokenizer()
     reply = tokenizer.encode(TOOL_CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -129,6 +157,8 @@ async def measure(workflow: type[Workflow], concurrency: int, episodes: int,
         rollout = RolloutEngine(config, gateway, workflow, InstantJudge())
         try:
             await rollout.run_tasks(tasks[: min(concurrency, 8)])  # warm up (processes, imports, templates)
+            if before_timing is not None:
+                before_timing()
             workers = [child.pid for child in multiprocessing.active_children()]
             cpu, workers_cpu, started = time.process_time(), _cpu_seconds(workers), time.perf_counter()
             results = await rollout.run_tasks(tasks)
@@ -153,6 +183,34 @@ def _cpu_seconds(pids: list[int]) -> float:
             return math.nan
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def measure_independent(name: str, parts: int, concurrency: int, episodes: int, latency_s: float) -> Measured:
+    """`parts` processes of concurrency / parts episodes each, sharing nothing, timed together."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(parts), context.Queue()
+    runs = [context.Process(target=_independent_part, args=(name, concurrency // parts, episodes // parts, latency_s,
+                                                            start, results)) for _ in range(parts)]
+    for run in runs:
+        run.start()
+    measured = [results.get() for _ in runs]
+    for run in runs:
+        run.join()
+    failed = [part for part in measured if isinstance(part, BaseException)]
+    if failed:
+        raise failed[0]
+    # Together they finish when the slowest does; each part is charged only its own calls.
+    return Measured(max(part.seconds for part in measured), measured[0].ideal,
+                    sum(part.trainer_us for part in measured) / parts, None)
+
+
+def _independent_part(name, concurrency, episodes, latency_s, start, results) -> None:
+    try:  # whatever happens, the parent hears back (it waits for one result per part)
+        results.put(asyncio.run(measure(WORKFLOWS[name], concurrency, episodes, latency_s,
+                                        before_timing=lambda: start.wait(START_TOGETHER_S))))
+    except BaseException as error:
+        start.abort()  # the other parts stop waiting for this one
+        results.put(RuntimeError(f"an independent part failed: {type(error).__name__}: {error}"))
 
 
 # -- CPU per call, side by side -------------------------------------------------------------------------------
@@ -218,8 +276,6 @@ def print_call_costs(latency_s: float) -> None:
 
 def gateway_cpu_per_call() -> float:
     """The gateway's own CPU per call (its request handler, no transport), over whole conversations."""
-    import json
-
     tokenizer = tiny_tokenizer()
     reply = tokenizer.encode(TOOL_CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
     engine = ScriptedEngine(tokenizer=tokenizer, responder=lambda prompt, sampling: reply)
@@ -228,13 +284,7 @@ def gateway_cpu_per_call() -> float:
         async with running_gateway(engine, config=tiny_config(model={"max_model_len": 8192}), http=False) as gateway:
             async def conversation(index: int) -> None:
                 channel = gateway.open_episode(f"e{index}")
-                headers, messages = {"authorization": f"Bearer {channel.key}"}, conversation_at(0)
-                for turn in range(TURNS):
-                    body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode()
-                    message = json.loads((await gateway.handle("POST", "/v1/chat/completions", headers, body)).body)
-                    message = message["choices"][0]["message"]
-                    messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
-                                           "content": f"Paris ({turn})"}]
+                await converse_with_handler(gateway, channel.key, conversation_at(0))
                 gateway.close_episode(channel)
 
             for index in range(10):
@@ -254,8 +304,9 @@ def main() -> None:
     parser.add_argument("--waves", type=int, default=4, help="Episodes = waves x concurrency (at least 8).")
     parser.add_argument("--workflows", default=",".join(WORKFLOWS), help="Comma-separated: " + ", ".join(WORKFLOWS))
     parser.add_argument("--processes", default="1,2", help="rollout.workflow_processes values, comma-separated.")
+    parser.add_argument("--ceiling", type=int, default=0,
+                        help="Also run K independent processes of C / K episodes each, sharing nothing.")
     args = parser.parse_args()
-    workflows = WORKFLOWS
     latency_s = args.latency_ms / 1000
     print(f"{TURNS}-turn tool conversations, engine latency {args.latency_ms:.0f} ms per call, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
@@ -264,19 +315,27 @@ def main() -> None:
           f"{'efficiency':>11s} {'calls/s':>8s} {'trainer us/call':>16s} {'workers us/call':>16s}")
     efficiencies = {}
     for name in args.workflows.split(","):
-        for processes in (int(text) for text in args.processes.split(",")):
+        settings = [(str(count), count) for count in (int(text) for text in args.processes.split(","))]
+        if args.ceiling > 1:
+            settings.append((f"{args.ceiling} indep", None))
+        for label, processes in settings:
             for level in (int(text) for text in args.levels.split(",")):
+                if processes is None and level % args.ceiling:
+                    continue  # the parts must split C evenly
                 episodes = max(8, args.waves * level)
-                run = asyncio.run(measure(workflows[name], level, episodes, latency_s, processes))
-                efficiencies[name, processes, level] = run.ideal / run.seconds
-                workers = "-" if processes == 1 or run.workers_us is None else f"{run.workers_us:.0f}"
-                print(f"{name:12s} {processes:9d} {level:5d} {episodes:9d} {run.ideal:8.2f} {run.seconds:11.2f} "
+                if processes is None:
+                    run = measure_independent(name, args.ceiling, level, episodes, latency_s)
+                else:
+                    run = asyncio.run(measure(WORKFLOWS[name], level, episodes, latency_s, processes))
+                efficiencies[name, label, level] = run.ideal / run.seconds
+                workers = "-" if run.workers_us is None or processes == 1 else f"{run.workers_us:.0f}"
+                print(f"{name:12s} {label:>9s} {level:5d} {episodes:9d} {run.ideal:8.2f} {run.seconds:11.2f} "
                       f"{run.ideal / run.seconds:11.3f} {episodes * TURNS / run.seconds:8.0f} "
                       f"{run.trainer_us:16.0f} {workers:>16s}")
     if args.latency_ms == LATENCY_S * 1000:  # the target is set at 50 ms
-        for (name, processes, level), value in efficiencies.items():
+        for (name, label, level), value in efficiencies.items():
             if level == 128:
-                print(f"target efficiency >= 0.9 at C=128 ({name}, {processes} process{'es' * (processes > 1)}): "
+                print(f"target efficiency >= 0.9 at C=128 ({name}, processes {label}): "
                       f"{value:.3f} -> {'met' if value >= 0.9 else 'NOT met'}")
 
 
