@@ -256,7 +256,9 @@ class WorkflowProcesses:
 
     def _exited(self, worker: _Worker) -> None:
         """The worker's end of the pipe closed: it exited (or crashed)."""
-        worker.process.join(0.1)
+        if not worker.alive:  # retired on purpose (stop, or unreachable): nothing to report
+            return
+        worker.process.join(0.1)  # reaped, so its exit code can be told
         during = " while running this episode" if worker.ready.done() else ""
         self._retire(worker, f"the workflow process exited (exit code {worker.process.exitcode}){during}")
 
