@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agenttune.rollout_correction import RolloutCorrectionOptions
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -143,6 +145,10 @@ class AlgorithmConfig(Section):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = Field(
         default="token-mean", description="How per-token losses are averaged."
     )
+    rollout_correction: RolloutCorrectionOptions = Field(
+        default_factory=RolloutCorrectionOptions,
+        description="Importance weights and rejection for tokens the engine sampled off-policy (verl 0.9.1's "
+                    "names; off by default). See docs/local.md.")
 
 
 class TrainerConfig(Section):

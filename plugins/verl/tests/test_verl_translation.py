@@ -21,7 +21,10 @@ CUSTOM = {
     "model": {"path": "/models/qwen", "tokenizer": "/models/tok", "trust_remote_code": True,
               "max_model_len": 6144, "dtype": "float16"},
     "algorithm": {"norm_adv_by_std": False, "kl_coef": 0.01, "kl_estimator": "k1", "clip_ratio_low": 0.1,
-                  "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean"},
+                  "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean",
+                  "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_3.0",
+                                         "rollout_is_batch_normalize": True, "rollout_rs": "seq_mean_k1",
+                                         "rollout_rs_threshold": "0.9_1.1"}},
     "trainer": {"learning_rate": 3e-6, "lr_schedule": "cosine", "warmup_steps": 5, "weight_decay": 0.1,
                 "grad_clip": 0.5, "total_epochs": 3, "total_steps": 40, "save_freq": 10, "test_freq": 5,
                 "val_before_train": True, "seed": 7, "n_gpus_per_node": 4, "nnodes": 2},
@@ -91,6 +94,13 @@ EXPECTED = {
     "trainer.logger": ["console", "file", "tensorboard", "wandb"],
     "trainer.default_local_dir": "/run/checkpoints",
     "trainer.use_v1": True,
+    "algorithm.rollout_correction.rollout_is": "token",
+    "algorithm.rollout_correction.rollout_is_threshold": "0.5_3.0",
+    "algorithm.rollout_correction.rollout_is_batch_normalize": True,
+    "algorithm.rollout_correction.rollout_rs": "seq_mean_k1",
+    "algorithm.rollout_correction.rollout_rs_threshold": "0.9_1.1",
+    "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.loss_type": "ppo_clip",
 }
 
 
@@ -127,6 +137,7 @@ def test_the_translation_table_is_covered():
     ({}, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384),  # verl's default when sequences fit
     ({"trainer": {"n_gpus_per_node": 1}}, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1),
     ({"monitor": {"tensorboard": False}}, "trainer.logger", ["console", "file"]),
+    ({}, "algorithm.rollout_correction.rollout_is", None),  # off unless asked for: verl's yaml default too
 ])
 def test_translation_defaults(overrides, key, expected):
     assert translated_values(AgentTuneConfig(**overrides), PATHS)[key] == expected

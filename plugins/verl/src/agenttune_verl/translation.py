@@ -106,6 +106,11 @@ TRANSLATIONS: tuple[Translation, ...] = (
        lambda c, p: c.algorithm.clip_ratio_high),
     _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode",
        lambda c, p: c.algorithm.loss_agg_mode),
+    # rollout correction: the same option names on both sides (agenttune took verl's)
+    *(_t(f"algorithm.rollout_correction.{name}", f"algorithm.rollout_correction.{name}",
+         lambda c, p, name=name: getattr(c.algorithm.rollout_correction, name))
+      for name in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                   "rollout_rs_threshold", "bypass_mode", "loss_type")),
     # model
     _t("actor_rollout_ref.model.path", "model.path", lambda c, p: c.model.path),
     _t("actor_rollout_ref.model.tokenizer_path", "model.tokenizer", lambda c, p: c.model.tokenizer),
