@@ -28,6 +28,10 @@ BREAK_REASONS = {
     "dropped_thinking": "the model's reply came back without its reasoning",
     "no_new_messages": "nothing follows the model's reply",
     "template_unsupported": "the chat template could not render the continuation around the reply",
+    "template_rewrote_history": "the chat template renders the earlier turns differently once the new messages "
+                                "follow (e.g. it drops their reasoning, or moves the tool list)",
+    "template_rewrote_reply": "the chat template renders the model's reply differently than it was generated "
+                              "(e.g. it strips a think block left in the content)",
     "concurrent_call": "another call of the same agent was still running",
 }
 
@@ -104,27 +108,27 @@ class Timeline:
         """The prompt ids for `request`: an extension of the current sample when possible."""
         reason = None if self._turn is None else self._break_reason(request)
         if self._turn is not None and reason is None:
-            prompt = self._extension(request)
+            prompt, reason = self._extension(request)
             if prompt is not None:
                 return prompt
-            reason = "template_unsupported"
         text = self.renderer.render(request.messages, request.tools, add_generation_prompt=True,
                                     template_kwargs=request.template_kwargs)
         return Prompt(self.renderer.encode(text), break_reason=reason)
 
-    def _extension(self, request: ChatRequest) -> Prompt | None:
+    def _extension(self, request: ChatRequest) -> tuple[Prompt | None, str | None]:
         turn, sample = self._turn, self.current
         new_messages = request.messages[len(turn.messages) + 1:]
-        text = self.renderer.text_after_reply(turn.messages, turn.reply, new_messages, request.tools,
-                                              request.template_kwargs)
+        continuation = self.renderer.continuation(turn.messages, turn.reply, new_messages, request.tools,
+                                                  request.template_kwargs)
+        text = continuation.text
         if text is None:
-            return None
+            return None, continuation.problem
         if turn.stop_token is not None:  # the model already wrote the end of its turn itself
             stop_text = self.renderer.token_text(turn.stop_token)
             if text.startswith(stop_text):
                 text = text[len(stop_text):]
         context_ids = self.renderer.encode(text)
-        return Prompt(sample.context_ids + context_ids, sample, sample.length, context_ids)
+        return Prompt(sample.context_ids + context_ids, sample, sample.length, context_ids), None
 
     def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,
                reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True) -> None:
