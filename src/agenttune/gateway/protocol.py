@@ -51,10 +51,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if n is not None and (n != 1 or isinstance(n, bool)):
         shown = f"n={n!r}" if isinstance(n, int) else "this 'n'"
         raise bad_request(f"{shown} is not supported: the gateway returns one choice per request "
-                          "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n")
+                          "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n",
+                          code="unsupported_value")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string.", param="model")
+        raise bad_request("'model' must be a string.", param="model", code="invalid_type")
     stream = _optional(body, "stream", bool) or False
     stream_options = _optional(body, "stream_options", dict) or {}
     return ChatRequest(
@@ -78,7 +79,7 @@ def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise bad_request(f"'{key}' must be {_KIND_NAMES[kind]}, not {_KIND_NAMES.get(type(value), 'that')}.",
-                          param=key)
+                          param=key, code="invalid_type")
     return value
 
 
@@ -104,7 +105,8 @@ def _stop(stop: Any) -> tuple[str, ...]:
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of message objects.", param="messages")
+        raise bad_request("'messages' must be a non-empty list of message objects.", param="messages",
+                          code="missing_required_parameter" if messages is None else "invalid_value")
     return [_message(message, index) for index, message in enumerate(messages)]
 
 
