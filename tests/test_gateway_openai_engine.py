@@ -62,6 +62,8 @@ class FakeVLLM:
                                                         add_generation_prompt=True, tokenize=False)
             reply["prompt_token_ids"] = self.tokenizer.encode(prompt, add_special_tokens=False)
             reply["choices"][0]["token_ids"] = ids
+        if body.get("logprobs"):  # vLLM: one entry per generated token
+            reply["choices"][0]["logprobs"] = {"content": [{"token": "", "logprob": -0.25} for _ in ids]}
         return JSONResponse(reply)
 
     def app(self) -> Starlette:
@@ -124,6 +126,7 @@ async def test_chat_mode_forwards_messages(token_ids):
     if token_ids:
         assert samples[0].response_ids == tokenizer.encode(REPLIES[0], add_special_tokens=False) + [
             tokenizer.eos_token_id]
+        assert samples[0].logprobs == [-0.25] * len(samples[0].response_ids)
 
 
 async def test_server_errors_become_engine_errors():

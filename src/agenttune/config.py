@@ -130,8 +130,13 @@ class RolloutConfig(Section):
 class DataConfig(Section):
     train_batch_size: int = Field(default=8, gt=0, description="Tasks per training step (each run num_repeat times).")
     val_batch_size: int | None = Field(default=None, gt=0, description="Tasks per validation batch; none: the whole split.")
-    max_prompt_length: int = Field(default=2048, gt=0, description="Longest first prompt (tokens) kept for training.")
-    max_response_length: int = Field(default=2048, gt=0, description="Longest merged response (tokens) kept for training.")
+    max_prompt_length: int | None = Field(
+        default=None, gt=0, description="Longest prompt (tokens) a trained sample may have; none: model.max_model_len - "
+                                        "rollout.max_response_length_in_one_turn. Longer merged samples are split at "
+                                        "call boundaries, never cut.")
+    max_response_length: int | None = Field(
+        default=None, gt=0, description="Longest merged response (tokens) a trained sample may have; none: "
+                                        "model.max_model_len (nothing the gateway let through is split).")
     shuffle: bool = Field(default=True, description="Shuffle the train split every epoch (seeded).")
 
 
@@ -252,6 +257,16 @@ class AgentTuneConfig(BaseSettings):
 
     # The directory of the YAML file: workflow and judge modules next to it are importable.
     _source_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _length_limits_from_the_model(self) -> AgentTuneConfig:
+        """Unset training length limits follow the model's: a merged sample is never cut by default."""
+        if self.data.max_prompt_length is None:
+            room = self.model.max_model_len - self.rollout.max_response_length_in_one_turn
+            self.data.max_prompt_length = max(room, 1)
+        if self.data.max_response_length is None:
+            self.data.max_response_length = self.model.max_model_len
+        return self
 
     @property
     def source_dir(self) -> Path | None:

@@ -45,12 +45,16 @@ class InferenceEngine:
     `name` is the config's `engine.type`; `Options` validates the rest of the `engine:` section.
     Implementations must be safe to call concurrently from one event loop; engines that batch
     collect concurrent calls into one forward pass. `returns_token_ids` is False for engines that
-    only see text (their episodes are marked not trainable).
+    only see text (their episodes are marked not trainable); `returns_logprobs` is False for engines
+    that cannot report the sampled tokens' logprobs (the gateway checks the others' on every call).
     """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel]] = NoOptions
     returns_token_ids: ClassVar[bool] = True
+    # False: the engine never reports logprobs; its samples say so and the trainer recomputes them.
+    # True: every generation must carry one finite logprob per token, or the gateway refuses it.
+    returns_logprobs: ClassVar[bool] = True
 
     @classmethod
     def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:

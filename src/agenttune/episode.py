@@ -6,6 +6,7 @@ viewer reads. Change them only in backward-compatible ways (new fields with defa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -44,6 +45,9 @@ class Sample(BaseModel):
     logprobs: list[float]
     num_calls: int = Field(default=1, description="How many LLM calls were merged into this sample.")
     trainable: bool = True
+    engine_logprobs: bool = Field(
+        default=True, description="False: the engine reports no logprobs (it declares so); `logprobs` holds "
+                                  "placeholders and the trainer recomputes them.")
 
     def model_post_init(self, _context: Any) -> None:
         n = len(self.response_ids)
@@ -56,6 +60,67 @@ class Sample(BaseModel):
     @property
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def part(self, start: int, end: int, num_calls: int) -> Sample:
+        """The calls in `response_ids[start:end]` as a sample of their own: what came before is its prompt."""
+        return self.model_copy(update={
+            "prompt_ids": self.prompt_ids + self.response_ids[:start], "response_ids": self.response_ids[start:end],
+            "loss_mask": self.loss_mask[start:end], "logprobs": self.logprobs[start:end], "num_calls": num_calls})
+
+
+@dataclass
+class Fitted:
+    """A sample made to fit a trainer's limits: the parts to train, and what could not be kept."""
+
+    parts: list[Sample]
+    split: bool = False  # it was longer than the limits and was cut at call boundaries
+    dropped_calls: int = 0  # calls that fit in no part (their prompt or their reply alone is too long)
+    reason: str | None = None  # why calls were dropped: prompt_too_long or call_too_long
+
+
+def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: int) -> Fitted:
+    """Split a merged sample at call boundaries so that every part fits; never cut inside a call.
+
+    Each part keeps its own full prompt (the first prompt plus everything before its first call), so
+    a part is exactly what the engine saw when it generated those calls. Calls whose prompt is longer
+    than `max_prompt_length`, or whose own reply is longer than `max_response_length`, fit in no part
+    and are dropped (counted by reason). Calls are the runs of generated tokens (loss mask 1).
+    """
+    if len(sample.prompt_ids) <= max_prompt_length and len(sample.response_ids) <= max_response_length:
+        return Fitted([sample])
+    calls = _generated_runs(sample.loss_mask)
+    fitted = Fitted([], split=True)
+    index = 0
+    while index < len(calls):
+        start = calls[index][0]
+        if len(sample.prompt_ids) + start > max_prompt_length:  # later calls' prompts are longer still
+            fitted.dropped_calls += len(calls) - index
+            fitted.reason = "prompt_too_long"
+            break
+        if calls[index][1] - start > max_response_length:
+            fitted.dropped_calls += 1
+            fitted.reason = "call_too_long"
+            index += 1
+            continue
+        last = index
+        while last + 1 < len(calls) and calls[last + 1][1] - start <= max_response_length:
+            last += 1
+        fitted.parts.append(sample.part(start, calls[last][1], last - index + 1))
+        index = last + 1
+    return fitted
+
+
+def _generated_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of every run of 1s: the calls' generated tokens."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for position, value in enumerate([*mask, 0]):
+        if value and start is None:
+            start = position
+        elif not value and start is not None:
+            runs.append((start, position))
+            start = None
+    return runs
 
 
 class Episode(BaseModel):

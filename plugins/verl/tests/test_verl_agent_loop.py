@@ -132,7 +132,7 @@ async def test_v1_worker_runs_the_tool_agent_and_stores_exact_tokens(prepared_ru
     records = list(read_records(RolloutLog.for_run(run).path(3, "train")))
     assert len(records) == 2 and {r.reward for r in records} == {1.0}
     assert records[0].samples[0].response_tokens  # token text for the log viewer
-    assert records[0].metrics["truncation/response_tokens"] == 0
+    assert records[0].metrics["truncation/samples_split"] == 0
 
 
 async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepared_run, tiny_tokenizer, monkeypatch,
@@ -155,13 +155,15 @@ async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepare
         assert all(set(f["response_mask"].tolist()) == {1} for f in put["fields"])  # generated tokens only
 
 
-async def test_legacy_worker_batch_with_padding_and_truncation(prepared_run, tiny_tokenizer, teardown_runtimes):
+async def test_legacy_worker_batch_with_padding_and_a_split_sample(prepared_run, tiny_tokenizer, teardown_runtimes):
+    """A merged sample longer than verl's limits is split at call boundaries, never cut inside a call:
+    the tool call (longer than the 24-token response limit) fits in no part and is dropped, counted;
+    the final answer is trained with its own full prompt, which holds the tool call as context."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    # short limits: the merged response (two calls + the tool turn) must be cut to 24 tokens
-    run = prepared_run("data.max_response_length=24", "data.max_prompt_length=40",
+    run = prepared_run("data.max_response_length=24", "data.max_prompt_length=1000",
                        "verl={trainer: {use_v1: false}}")
     verl_config = load_like_main_ppo(run)
     assert verl_config.trainer.use_v1 is False
@@ -174,17 +176,21 @@ async def test_legacy_worker_batch_with_padding_and_truncation(prepared_run, tin
     output = await worker.generate_sequences(batch)
 
     assert output.batch["responses"].shape == (4, 24)
-    assert output.batch["prompts"].shape == (4, 40)
+    assert output.batch["prompts"].shape == (4, 1000)
     mask = output.batch["response_mask"]
-    assert mask.sum(dim=1).min() > 0  # generated tokens survive the cut
+    assert mask.sum(dim=1).min() > 0  # the final answer is trained
     assert output.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 4
+    for row in range(4):
+        trained = output.batch["responses"][row][mask[row].bool()].tolist()
+        assert FINAL_ANSWER in tiny_tokenizer.decode(trained)
+        assert '"name": "add"' in tiny_tokenizer.decode(output.batch["prompts"][row].tolist())
     # the legacy worker does not tell agent loops the step: its episodes are logged under step 0
     records = list(read_records(RolloutLog.for_run(run).path(0, "train")))
     assert len(records) == 4
     for record in records:
-        assert record.metrics["truncation/response_tokens"] > 0
-        assert record.metrics["truncation/prompt_tokens"] > 0  # system prompt + tools exceed 40 tokens
-        assert record.metrics["truncation/samples"] == 1
+        assert record.metrics["truncation/samples_split"] == 1
+        assert record.metrics["truncation/calls_dropped"] == 1
+        assert record.metrics["truncation/trained_tokens_dropped"] > 0
 
 
 async def test_a_failing_workflow_still_answers_verl(prepared_run, tiny_tokenizer, monkeypatch, teardown_runtimes):

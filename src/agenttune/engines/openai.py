@@ -13,6 +13,7 @@ Two modes:
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -109,8 +110,9 @@ def _generation(choice: dict[str, Any], token_ids: list[int] | None, logprobs: l
     finish = finish if finish in ("stop", "length") else "stop"
     if not token_ids:  # the server gave text only: keep it, the episode is not trainable
         return Generation([], None, finish, text=text)
-    exact = logprobs if logprobs and len(logprobs) == len(token_ids) and None not in logprobs else None
-    return Generation(list(token_ids), exact, finish, text=text)
+    # Passed on as the server sent them (a missing entry as NaN): the gateway refuses what cannot be trained.
+    reported = [math.nan if value is None else float(value) for value in logprobs] if logprobs is not None else None
+    return Generation(list(token_ids), reported, finish, text=text)
 
 
 def _chat_text(message: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -96,13 +97,37 @@ class ChatCompletions:
                         sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
         try:
             if self.chat_mode:
-                return await self.engine.generate_chat(request.messages, request.tools, sampling)
-            return await self.engine.generate(prompt.ids, sampling, request_id=channel.episode_id), None
+                generation, server_prompt = await self.engine.generate_chat(request.messages, request.tools, sampling)
+            else:
+                generation, server_prompt = await self.engine.generate(
+                    prompt.ids, sampling, request_id=channel.episode_id), None
         except Exception as error:
             channel.counters["engine_errors"] += 1
             channel.engine_failing = True
             raise GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}",
                                code="engine_error") from error
+        self._check_logprobs(channel, generation)
+        return generation, server_prompt
+
+    def _check_logprobs(self, channel: EpisodeChannel, generation: Generation) -> None:
+        """One finite logprob per generated token, or the call fails: a 0.0 would train as probability 1."""
+        if not generation.token_ids:  # text only: the episode is not trainable anyway
+            return
+        if not self.engine.returns_logprobs:
+            generation.logprobs = None  # the sample says so; the trainer recomputes them
+            return
+        problem = logprob_problem(generation.token_ids, generation.logprobs)
+        if problem is None:
+            return
+        cause, detail = problem
+        channel.counters["engine_errors"] += 1
+        channel.counters[f"engine_output_rejected/{cause}"] += 1
+        channel.engine_failing = True
+        raise GatewayError(
+            502, f"The inference engine returned {len(generation.token_ids)} tokens with {detail}, so they cannot be "
+                 f"trained on. Engines must report the sampled tokens' logprobs ({type(self.engine).__name__} "
+                 "declares returns_logprobs); an engine that cannot should declare returns_logprobs = False.",
+            code="engine_error")
 
     def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
                 generation: Generation, exact: bool) -> ChatResult:
@@ -166,6 +191,20 @@ class ChatCompletions:
             channel.counters["tool_call_errors"] += len(problems)
             for problem in problems:
                 channel.flag_madness(madness.WRONG_TOOLCALL, problem)
+
+
+def logprob_problem(token_ids: list[int], logprobs: list[float] | None) -> tuple[str, str] | None:
+    """(cause, description) when the logprobs cannot be trained on; None when they can."""
+    if logprobs is None:
+        return "no_logprobs", "no logprobs"
+    if len(logprobs) != len(token_ids):
+        return "logprob_count", f"{len(logprobs)} logprobs"
+    for position, value in enumerate(logprobs):
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return "non_finite_logprob", f"a logprob of {value!r} at position {position}"
+        if value > 1e-3:  # log-probabilities are <= 0; allow rounding
+            return "positive_logprob", f"a logprob of {value!r} (> 0) at position {position}"
+    return None
 
 
 def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:

@@ -45,6 +45,7 @@ class SampleBuilder:
     logprobs: list[float] = field(default_factory=list)
     num_calls: int = 0
     exact: bool = True  # False: built from text, not from the engine's token ids
+    engine_logprobs: bool = True  # False: the engine reported none (placeholders; the trainer recomputes)
 
     def add_context(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
@@ -55,6 +56,7 @@ class SampleBuilder:
         self.response_ids += token_ids
         self.loss_mask += [1] * len(token_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        self.engine_logprobs = self.engine_logprobs and logprobs is not None
         self.num_calls += 1
 
     @property
@@ -68,7 +70,7 @@ class SampleBuilder:
     def to_sample(self, trainable: bool) -> Sample:
         return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
                       loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=self.num_calls,
-                      trainable=trainable and self.exact)
+                      trainable=trainable and self.exact, engine_logprobs=self.engine_logprobs)
 
 
 @dataclass

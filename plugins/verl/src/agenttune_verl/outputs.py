@@ -2,9 +2,10 @@
 
 Each trainable sample of the episode (one when its calls merged into one timeline) becomes one
 output: prompt ids, response ids with the loss mask as `response_mask` (1 exactly on generated
-tokens), the sampling logprobs, and the episode's reward. Lengths are cut to verl's limits the way
-verl's own agent loops cut them (prompts keep their end, responses their start), and every cut is
-counted in the episode's metrics (`truncation/...`).
+tokens), the sampling logprobs, and the episode's reward. A sample longer than verl's limits is
+split at call boundaries into several outputs, each with its own full prompt (agenttune's
+`fit_to_limits`, as the local backbone does); nothing is cut inside a call, and calls that fit in no
+output are dropped and counted in the episode's metrics (`truncation/...`).
 
 An episode with no trainable sample (it failed before its first call, or its agents are not trained)
 still answers with one output whose mask is all zero: its reward then counts in its GRPO group's
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.episode import Episode, Sample
+from agenttune.episode import Episode, Sample, fit_to_limits
 from agenttune_verl.engine import RequestStats
 
 
@@ -33,23 +34,22 @@ class Cut:
     response_ids: list[int]
     response_mask: list[int]
     logprobs: list[float]
-    prompt_tokens_cut: int
-    response_tokens_cut: int
-    trained_tokens_cut: int
 
 
-def cut_to_limits(sample: Sample, limits: Limits) -> Cut:
-    prompt_cut = max(0, len(sample.prompt_ids) - limits.prompt_length)
-    keep = limits.response_length
-    return Cut(
-        prompt_ids=sample.prompt_ids[prompt_cut:],
-        response_ids=sample.response_ids[:keep],
-        response_mask=sample.loss_mask[:keep],
-        logprobs=sample.logprobs[:keep],
-        prompt_tokens_cut=prompt_cut,
-        response_tokens_cut=max(0, len(sample.response_ids) - keep),
-        trained_tokens_cut=sum(sample.loss_mask[keep:]),
-    )
+def fit_outputs(samples: list[Sample], limits: Limits, episode: Episode) -> list[Cut]:
+    """The samples as outputs within verl's limits; what had to be split or dropped is counted on the episode."""
+    cuts: list[Cut] = []
+    split = dropped = dropped_tokens = 0
+    for sample in samples:
+        fitted = fit_to_limits(sample, limits.prompt_length, limits.response_length)
+        split += fitted.split
+        dropped += fitted.dropped_calls
+        dropped_tokens += sample.num_trained_tokens - sum(part.num_trained_tokens for part in fitted.parts)
+        cuts += [Cut(part.prompt_ids, part.response_ids, part.loss_mask, part.logprobs) for part in fitted.parts]
+    episode.metrics["truncation/samples_split"] = float(split)
+    episode.metrics["truncation/calls_dropped"] = float(dropped)
+    episode.metrics["truncation/trained_tokens_dropped"] = float(dropped_tokens)
+    return cuts
 
 
 def episode_outputs(
@@ -71,14 +71,12 @@ def episode_outputs(
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-    samples = episode.trainable_samples
-    if not keep_all_samples and len(samples) > 1:
-        episode.metrics["verl/dropped_samples"] = float(len(samples) - 1)
-        samples = samples[-1:]
-    cuts = [cut_to_limits(sample, limits) for sample in samples if sample.response_ids]
+    cuts = fit_outputs([sample for sample in episode.trainable_samples if sample.response_ids], limits, episode)
+    if not keep_all_samples and len(cuts) > 1:  # the legacy trainer: the last part holds the final answer
+        episode.metrics["verl/dropped_samples"] = float(len(cuts) - 1)
+        cuts = cuts[-1:]
     if not cuts:
         cuts = [_placeholder(task_prompt(), pad_token_id, limits)]
-    _record_truncation(episode, cuts)
 
     metrics = AgentLoopMetrics(
         generate_sequences=stats.generate_s,
@@ -105,15 +103,7 @@ def episode_outputs(
 def _placeholder(prompt_ids: list[int], pad_token_id: int, limits: Limits) -> Cut:
     """One untrained token after the task's prompt: verl needs a non-empty response to hold the reward."""
     prompt = prompt_ids[-limits.prompt_length:] if prompt_ids else [pad_token_id]
-    return Cut(prompt, [pad_token_id], [0], [0.0], 0, 0, 0)
-
-
-def _record_truncation(episode: Episode, cuts: list[Cut]) -> None:
-    episode.metrics["truncation/prompt_tokens"] = float(sum(cut.prompt_tokens_cut for cut in cuts))
-    episode.metrics["truncation/response_tokens"] = float(sum(cut.response_tokens_cut for cut in cuts))
-    episode.metrics["truncation/trained_tokens"] = float(sum(cut.trained_tokens_cut for cut in cuts))
-    episode.metrics["truncation/samples"] = float(
-        sum(1 for cut in cuts if cut.prompt_tokens_cut or cut.response_tokens_cut))
+    return Cut(prompt, [pad_token_id], [0], [0.0])
 
 
 def _extra_fields(episode: Episode, stats: RequestStats, step: int) -> dict[str, Any]:

@@ -23,6 +23,9 @@ from agenttune.backbones.local.rollout_correction import metrics as correction_m
 from agenttune.backbones.local.schedule import lr_factor
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
+from agenttune.run import get_logger
+
+log = get_logger("local")
 
 # Reference log-probs come from a frozen model, or from the policy with its LoRA adapter switched off.
 ReferenceScope = Callable[[], AbstractContextManager[torch.nn.Module]]
@@ -87,6 +90,7 @@ class GRPOTrainer:
         with warnings.catch_warnings():  # a step without an update still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
+        _warn_about_lengths(item_stats, data.max_prompt_length, data.max_response_length)
         elapsed = time.perf_counter() - started
         metrics["perf/train_time_s"] = elapsed
         metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / elapsed if elapsed else 0.0
@@ -107,6 +111,7 @@ class GRPOTrainer:
             old = []
             for batch in batches:
                 logprobs, entropy = self._logprobs_without_grad(batch)
+                batch.fill_missing_logprobs(logprobs)
                 _record_first_pass(totals, batch, logprobs, entropy)
                 old.append(logprobs)
         corrections = None
@@ -150,6 +155,7 @@ class GRPOTrainer:
             logprobs, entropy = token_logprobs(
                 self.model, batch, temperature=self._temperature, with_entropy=record_first_pass
             )
+            batch.fill_missing_logprobs(logprobs)  # (the first update: the policy is still pi_old)
             applied = corrections[index] if corrections else self._bypass_correction(batch, logprobs, stats)
             mask = applied.mask if applied is not None else batch.mask
             policy_loss, clipped = self._policy_loss(batch, logprobs, old[index] if old is not None else None,
@@ -288,6 +294,17 @@ def _finish_metrics(totals: dict[str, float], batches: list[Batch]) -> dict[str,
     return metrics
 
 
+def _warn_about_lengths(stats: ItemStats, max_prompt: int, max_response: int) -> None:
+    """Said once per step, so that a limit that costs training data is never silent."""
+    if not (stats.split or stats.dropped_calls):
+        return
+    dropped = ", ".join(f"{count} ({reason})" for reason, count in stats.dropped_calls.items()) or "none"
+    log.warning(f"{stats.split} samples were longer than data.max_prompt_length={max_prompt} / "
+                f"data.max_response_length={max_response} and were split at call boundaries; calls that fit in "
+                f"no part were dropped: {dropped}. Raise the limits (they default to model.max_model_len) to "
+                "train on everything.")
+
+
 def _add_stats(totals: dict[str, float], stats: dict[str, float]) -> None:
     """Sums, except maxima (keys ending in `_max`), which stay maxima."""
     for key, value in stats.items():
@@ -300,7 +317,9 @@ def _item_metrics(stats: ItemStats, num_items: int) -> dict[str, float]:
         "train/samples": float(num_items),
         "train/samples_not_trainable": float(stats.not_trainable),
         "train/samples_prompt_too_long": float(stats.too_long_prompt),
-        "train/samples_response_truncated": float(stats.truncated_response),
+        "train/samples_split": float(stats.split),
+        "train/samples_logprobs_recomputed": float(stats.logprobs_recomputed),
+        **{f"train/calls_dropped/{reason}": float(count) for reason, count in stats.dropped_calls.items()},
     }
     if lengths:  # absent, not 0, on steps without trained samples: curves skip them
         metrics["train/response_length_mean"] = sum(lengths) / len(lengths)
