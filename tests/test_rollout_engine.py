@@ -507,3 +507,41 @@ async def test_episode_timings_are_recorded(tokenizer):
         [episode] = await RolloutEngine(config, gateway, Slow).run_tasks(tasks("a"))
     assert before <= episode.started_at <= time.time()
     assert episode.duration_s >= 0.05 and episode.metrics["workflow_s"] >= 0.05
+
+
+class RaisesOnOverflow(Workflow):
+    """An agent framework's behaviour (AgentScope 1.x/2.x): the gateway's 400 propagates out of the agent."""
+
+    async def execute(self, task, tuner):
+        client = tuner.as_async_openai_client()
+        messages = [{"role": "user", "content": task.query}]
+        for _ in range(50):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "Tell me more about it, please."}]
+            tuner.update_judge_input_dictionary(final_answer=reply.choices[0].message.content)
+        return WorkflowOutput(metadata={"final_answer": "never"})
+
+
+class OverflowJudge(Judge):
+    def judge(self, judge_input):
+        return JudgeResult(reward=0.25 if judge_input.handed.get("final_answer") else 0.0)
+
+
+@in_both
+@pytest.mark.parametrize("configured", [None, -0.5])
+async def test_a_workflow_that_raises_on_context_overflow_ends_cleanly_with_its_samples(tokenizer, processes,
+                                                                                      configured):
+    """Issue 24: status context_overflow (not workflow_error), samples kept, reward from the judge or configured."""
+    config = tiny_config(model={"max_model_len": 160},
+                         rollout={"num_repeat": 2, "max_response_length_in_one_turn": 16,
+                                  "workflow_processes": processes, "context_overflow_reward": configured})
+    engine = ScriptedEngine(["Some words about it."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, RaisesOnOverflow, OverflowJudge()) as rollout:
+        episodes = await rollout.run_tasks(tasks("a"))
+    for episode in episodes:
+        assert episode.status is EpisodeStatus.CONTEXT_OVERFLOW and not episode.status.failed
+        assert "context_length_exceeded" in episode.error or "maximum context length" in episode.error
+        assert episode.samples and episode.samples[0].num_calls >= 2  # what was generated is kept
+        assert episode.reward == (0.25 if configured is None else configured)

@@ -119,6 +119,9 @@ class RolloutConfig(Section):
     max_response_length_in_one_turn: int = Field(default=512, gt=0, description="Most new tokens per LLM call.")
     episode_timeout: float = Field(default=300.0, gt=0, description="Seconds before an episode is stopped and marked timeout.")
     agent_madness_reward: float = Field(default=0.0, description="Reward given to an episode when a madness check fires.")
+    context_overflow_reward: float | None = Field(
+        default=None, description="Reward of an episode that ended because its conversation outgrew "
+                                  "model.max_model_len (status context_overflow); none: the judge scores it.")
     compute_madness_checklist: list[Literal["nonsense", "wrong_toolcall"]] = Field(
         default_factory=lambda: ["nonsense", "wrong_toolcall"], description="Madness checks to run."
     )

@@ -24,10 +24,15 @@ class EpisodeStatus(StrEnum):
     ENGINE_ERROR = "engine_error"  # the inference engine failed a request the workflow could not survive
     MADNESS = "madness"  # a madness check fired; the penalty reward was applied
     NOT_TRAINABLE = "not_trainable"  # the engine returned text without token ids
+    # The conversation outgrew model.max_model_len (the gateway refused a call) and the workflow stopped
+    # there: a normal end, not a crash. Its samples are trained; the judge (or
+    # rollout.context_overflow_reward) scores it.
+    CONTEXT_OVERFLOW = "context_overflow"
 
     @property
     def failed(self) -> bool:
-        return self not in (EpisodeStatus.OK, EpisodeStatus.MADNESS, EpisodeStatus.NOT_TRAINABLE)
+        return self not in (EpisodeStatus.OK, EpisodeStatus.MADNESS, EpisodeStatus.NOT_TRAINABLE,
+                            EpisodeStatus.CONTEXT_OVERFLOW)
 
 
 class Sample(BaseModel):

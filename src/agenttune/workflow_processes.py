@@ -76,6 +76,11 @@ class WorkerEpisode:
     def engine_failing(self) -> bool:
         return isinstance(self.recorded, EpisodeRecord) and self.recorded.engine_failing
 
+    @property
+    def context_overflow(self) -> bool:
+        """Whether the worker's gateway refused one of this episode's calls for context overflow."""
+        return isinstance(self.recorded, EpisodeRecord) and self.recorded.metrics.get("context_overflow", 0.0) > 0
+
     def record(self, trainable_targets: list[str] | None = None) -> EpisodeRecord:
         """The record as the worker read it (with the same `rollout.trainable_targets`)."""
         if isinstance(self.recorded, str):

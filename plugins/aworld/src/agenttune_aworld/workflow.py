@@ -42,8 +42,11 @@ async def run_agent(aworld_agent: Any, task_input: str, tuner: ModelTuner | None
     response = await Runners.run(input=task_input, agent=aworld_agent)
     if response is None:
         raise AgentRunError("Runners.run returned no response")
-    if not response.success and not (tuner is not None and tuner.context_overflow):
-        raise AgentRunError(f"the AWorld task failed: {response.msg or response.status}")
+    if not response.success:
+        # After a context overflow too: the episode then ends with status context_overflow (its samples
+        # kept, judged or given rollout.context_overflow_reward), as when AgentScope raises it.
+        overflow = " (the conversation outgrew model.max_model_len)" if tuner is not None and tuner.context_overflow else ""
+        raise AgentRunError(f"the AWorld task failed{overflow}: {response.msg or response.status}")
     answer = response.answer
     return answer if isinstance(answer, str) else ("" if answer is None else str(answer))
 
