@@ -24,6 +24,7 @@ from typing import Any
 
 from agenttune.episode import Episode, Sample, fit_to_limits
 from agenttune.metrics import step_metrics
+from agenttune.run import get_logger
 
 
 def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,
@@ -52,6 +53,11 @@ def _fitted(episode: Episode, samples: list[Sample], max_prompt: int, max_respon
         parts += fitted.parts
     episode.metrics["truncation/samples_split"] = float(split)
     episode.metrics["truncation/calls_dropped"] = float(dropped)
+    if dropped:
+        get_logger("trinity.experiences").warning(
+            f"episode {episode.episode_id}: {dropped} calls fit in no Experience within data.max_prompt_length="
+            f"{max_prompt} / data.max_response_length={max_response} and were dropped; raise the limits to train "
+            "on them")
     return parts
 
 

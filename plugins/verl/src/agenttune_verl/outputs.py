@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttune.episode import Episode, Sample, fit_to_limits
+from agenttune.run import get_logger
 from agenttune_verl.engine import RequestStats
 
 
@@ -49,6 +50,11 @@ def fit_outputs(samples: list[Sample], limits: Limits, episode: Episode) -> list
     episode.metrics["truncation/samples_split"] = float(split)
     episode.metrics["truncation/calls_dropped"] = float(dropped)
     episode.metrics["truncation/trained_tokens_dropped"] = float(dropped_tokens)
+    if dropped:
+        get_logger("verl.outputs").warning(
+            f"episode {episode.episode_id}: {dropped} calls fit in no output within data.max_prompt_length="
+            f"{limits.prompt_length} / data.max_response_length={limits.response_length} and were dropped "
+            f"({dropped_tokens} generated tokens); raise the limits to train on them")
     return cuts
 
 
