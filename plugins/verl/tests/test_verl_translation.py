@@ -189,7 +189,8 @@ def test_native_config_is_complete_and_resolved():
     native = VerlBackbone.native_config(AgentTuneConfig(model={"path": "/models/qwen"}))
     assert native["data"]["train_files"] == "<run_dir>/verl/train.parquet"
     assert native["data"]["val_files"] == "<run_dir>/verl/train.parquet"  # no validation split
-    assert native["actor_rollout_ref"]["rollout"]["prompt_length"] == 2048  # verl interpolation resolved
+    # verl interpolation resolved; the limit derives from model.max_model_len (4096) - the reply budget (512)
+    assert native["actor_rollout_ref"]["rollout"]["prompt_length"] == 4096 - 512
     assert native["critic"]["enable"] is False
     assert native["reward"]["reward_manager"]["name"] == "naive"  # the untouched rest of verl's config
 
