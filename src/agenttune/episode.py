@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import structlog
 from pydantic import BaseModel, Field
 
 from agenttune.task import Task
@@ -78,9 +79,10 @@ class Fitted:
     """A sample made to fit a trainer's limits: the parts to train, and what could not be kept."""
 
     parts: list[Sample]
-    split: bool = False  # it was longer than the limits and was cut at call boundaries
+    split: int = 0  # samples longer than the limits, cut at call boundaries (0 or 1 for one sample)
     dropped_calls: int = 0  # calls that fit in no part (their prompt or their reply alone is too long)
     reason: str | None = None  # why calls were dropped: prompt_too_long or call_too_long
+    dropped_tokens: int = 0  # generated tokens in dropped calls (fit_all counts them)
 
 
 def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: int) -> Fitted:
@@ -94,7 +96,7 @@ def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: i
     if len(sample.prompt_ids) <= max_prompt_length and len(sample.response_ids) <= max_response_length:
         return Fitted([sample])
     calls = _generated_runs(sample.loss_mask)
-    fitted = Fitted([], split=True)
+    fitted = Fitted([], split=1)
     index = 0
     while index < len(calls):
         start = calls[index][0]
@@ -113,6 +115,29 @@ def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: i
         fitted.parts.append(sample.part(start, calls[last][1], last - index + 1))
         index = last + 1
     return fitted
+
+
+def fit_all(samples: list[Sample], max_prompt_length: int, max_response_length: int) -> Fitted:
+    """`fit_to_limits` for several samples: all their parts, and what was split or dropped in all."""
+    total = Fitted([])
+    for sample in samples:
+        fitted = fit_to_limits(sample, max_prompt_length, max_response_length)
+        total.parts += fitted.parts
+        total.split += fitted.split
+        total.dropped_calls += fitted.dropped_calls
+        total.dropped_tokens += sample.num_trained_tokens - sum(part.num_trained_tokens for part in fitted.parts)
+    return total
+
+
+def record_fitting(episode: Episode, fitted: Fitted, limits: str) -> None:
+    """Count on the episode what fitting its samples split and dropped (`truncation/...`); warn on a drop."""
+    episode.metrics["truncation/samples_split"] = float(fitted.split)
+    episode.metrics["truncation/calls_dropped"] = float(fitted.dropped_calls)
+    episode.metrics["truncation/trained_tokens_dropped"] = float(fitted.dropped_tokens)
+    if fitted.dropped_calls:
+        structlog.get_logger("agenttune.fitting").warning(
+            f"episode {episode.episode_id}: {fitted.dropped_calls} calls ({fitted.dropped_tokens} generated tokens) "
+            f"fit in no sample within {limits} and were dropped; raise the limits to train on them")
 
 
 def _generated_runs(mask: list[int]) -> list[tuple[int, int]]:

@@ -22,9 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agenttune.episode import Episode, Sample, fit_to_limits
+from agenttune.episode import Episode, Sample, fit_all, record_fitting
 from agenttune.metrics import step_metrics
-from agenttune.run import get_logger
 
 
 def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,
@@ -37,28 +36,12 @@ def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,
         return []
     samples = [sample for sample in episode.trainable_samples if sample.response_ids]
     if limits is not None:
-        samples = _fitted(episode, samples, *limits)
+        fitted = fit_all(samples, *limits)
+        record_fitting(episode, fitted, f"data.max_prompt_length={limits[0]} / data.max_response_length={limits[1]}")
+        samples = fitted.parts
     if not samples:
         samples = [_placeholder(episode, pad_token_id)]
     return [_experience(episode, sample, run_id=run_id, step=step) for step, sample in enumerate(samples)]
-
-
-def _fitted(episode: Episode, samples: list[Sample], max_prompt: int, max_response: int) -> list[Sample]:
-    parts: list[Sample] = []
-    split = dropped = 0
-    for sample in samples:
-        fitted = fit_to_limits(sample, max_prompt, max_response)
-        split += fitted.split
-        dropped += fitted.dropped_calls
-        parts += fitted.parts
-    episode.metrics["truncation/samples_split"] = float(split)
-    episode.metrics["truncation/calls_dropped"] = float(dropped)
-    if dropped:
-        get_logger("trinity.experiences").warning(
-            f"episode {episode.episode_id}: {dropped} calls fit in no Experience within data.max_prompt_length="
-            f"{max_prompt} / data.max_response_length={max_response} and were dropped; raise the limits to train "
-            "on them")
-    return parts
 
 
 def group_experiences(episodes: Sequence[Episode], *, run_id_base: int, pad_token_id: int,

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.episode import Episode, Sample, fit_to_limits
-from agenttune.run import get_logger
+from agenttune.episode import Episode, Sample, fit_all, record_fitting
 from agenttune_verl.engine import RequestStats
 
 
@@ -39,23 +38,10 @@ class Cut:
 
 def fit_outputs(samples: list[Sample], limits: Limits, episode: Episode) -> list[Cut]:
     """The samples as outputs within verl's limits; what had to be split or dropped is counted on the episode."""
-    cuts: list[Cut] = []
-    split = dropped = dropped_tokens = 0
-    for sample in samples:
-        fitted = fit_to_limits(sample, limits.prompt_length, limits.response_length)
-        split += fitted.split
-        dropped += fitted.dropped_calls
-        dropped_tokens += sample.num_trained_tokens - sum(part.num_trained_tokens for part in fitted.parts)
-        cuts += [Cut(part.prompt_ids, part.response_ids, part.loss_mask, part.logprobs) for part in fitted.parts]
-    episode.metrics["truncation/samples_split"] = float(split)
-    episode.metrics["truncation/calls_dropped"] = float(dropped)
-    episode.metrics["truncation/trained_tokens_dropped"] = float(dropped_tokens)
-    if dropped:
-        get_logger("verl.outputs").warning(
-            f"episode {episode.episode_id}: {dropped} calls fit in no output within data.max_prompt_length="
-            f"{limits.prompt_length} / data.max_response_length={limits.response_length} and were dropped "
-            f"({dropped_tokens} generated tokens); raise the limits to train on them")
-    return cuts
+    fitted = fit_all(samples, limits.prompt_length, limits.response_length)
+    record_fitting(episode, fitted, f"data.max_prompt_length={limits.prompt_length} / "
+                                    f"data.max_response_length={limits.response_length}")
+    return [Cut(part.prompt_ids, part.response_ids, part.loss_mask, part.logprobs) for part in fitted.parts]
 
 
 def episode_outputs(
