@@ -18,7 +18,7 @@ rollout tokens/s (generated tokens / generation time), training tokens/s (prompt
 / time of the policy update), wall time per step and, on CUDA, peak GPU memory; and the ratio
 agenttune / TRL. `--json PATH` writes them (with `rollout_tokens_per_s_ratio` and
 `wall_time_per_step_ratio`). `--lora R` trains a rank-R LoRA adapter on both sides,
-`--gradient-checkpointing` turns it on for both, `--cpu-threads N` sets the `hf` engine's decode threads. Needs `trl`
+`--gradient-checkpointing` turns it on for both. Needs `trl`
 (`pip install 'agenttune[bench]'`). Other processes on the machine skew both sides alike; run it on a
 quiet machine for numbers worth quoting.
 """
@@ -85,7 +85,6 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
         "local": {"device": args.device, "micro_batch_tokens": 1 << 20, "plot": False, "lora_rank": args.lora,
                   "gradient_checkpointing": args.gradient_checkpointing},
         "monitor": {"tensorboard": False},
-        "engine": {"type": "hf", "cpu_threads": args.cpu_threads},
     }
     _reset_peak_memory(args.device)
     path = workdir / "bench.yaml"
@@ -230,7 +229,6 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a model path or tiny://NAME?layers=..&hidden=..")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--cpu-threads", type=int, default=None, help="the hf engine's decode threads on CPU")
     parser.add_argument("--json", type=Path, default=None, help="write the figures and ratios here")
     args = parser.parse_args()
     from rich.console import Console

@@ -185,29 +185,3 @@ async def test_requests_trickling_in_together_share_one_batch(tiny_model, tiny_t
     eager = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
     await trickle(eager)
     assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) == 12
-
-
-async def test_cpu_threads_decodes_the_same_tokens_and_restores_torchs_setting(tiny_model, tiny_tokenizer, prompts):
-    """`cpu_threads` changes how the work is spread, not what is computed; the thread count comes back."""
-    import torch
-
-    greedy = SamplingParams(temperature=0, max_tokens=10)
-    prompt_ids = [ids(tiny_tokenizer, p) for p in prompts]
-    results, seen = [], []
-    for threads in (None, 1):
-        engine = HFEngine(tiny_model, tiny_tokenizer, cpu_threads=threads)
-        original = engine._decode
-
-        def watched(batch, loop, original=original):
-            seen.append(torch.get_num_threads())  # inside the batch, on the engine's thread
-            return original(batch, loop)
-
-        engine._decode = watched
-        results.append(await asyncio.gather(*[engine.generate(p, greedy) for p in prompt_ids]))
-        after = await asyncio.get_running_loop().run_in_executor(engine._executor, torch.get_num_threads)
-        assert after == seen[0]  # the engine's thread is back to torch's setting once the batch is done
-        await engine.aclose()
-    assert seen[1] == 1
-    for default, single in zip(*results, strict=True):
-        assert single.token_ids == default.token_ids
-        assert torch.allclose(torch.tensor(single.logprobs), torch.tensor(default.logprobs), atol=1e-5)

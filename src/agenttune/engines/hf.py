@@ -38,11 +38,6 @@ class HFOptions(BaseModel):
                     "together (a group of episodes starting at once) then share one batch instead of "
                     "the first one running alone. 0 starts at once.")
     max_batch_wait_ms: float = Field(default=50.0, ge=0, description="The longest a batch waits to fill up.")
-    cpu_threads: int | None = Field(
-        default=None, gt=0,
-        description="torch intra-op threads while a batch decodes on CPU (restored after); none: leave torch's "
-                    "setting. A decode step of a small model is many tiny matrix products, for which handing "
-                    "work to other threads costs more than it saves: see docs/performance.md.")
 
 
 @dataclass
@@ -61,12 +56,11 @@ class HFEngine(InferenceEngine):
     Options: ClassVar[type[BaseModel]] = HFOptions
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_model_len: int | None = None,
-                 batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0, cpu_threads: int | None = None):
+                 batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s, self.max_batch_wait_s = batch_wait_ms / 1000, max_batch_wait_ms / 1000
-        self.cpu_threads = cpu_threads
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None) or 1 << 30
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos_ids = stop_token_set((), eos, tokenizer.eos_token_id)
@@ -84,8 +78,7 @@ class HFEngine(InferenceEngine):
 
             model = load_model(config.model, device=options.device)
         return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_model_len=config.model.max_model_len,
-                   batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms,
-                   cpu_threads=options.cpu_threads)
+                   batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -154,8 +147,7 @@ class HFEngine(InferenceEngine):
     def _run_batch(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
 
-        threads = self.cpu_threads if self.model.device.type == "cpu" else None
-        with torch.inference_mode(), _eval_mode(self.model), _torch_threads(threads):
+        with torch.inference_mode(), _eval_mode(self.model):
             last = self._decode(batch, loop)
         # The last rows are answered only after the model's mode is restored: their callers may
         # start training the shared model as soon as they hear back.
@@ -243,23 +235,6 @@ def _eval_mode(model: Any):
     finally:
         if was_training:
             model.train()
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None):
-    """torch's intra-op thread count for the block. The setting is process-wide: the local backbone never
-    trains while a batch decodes, so the trainer keeps its own threads."""
-    import torch
-
-    if threads is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _generators(requests: list[_Request], device: Any) -> dict[int, Any]:
