@@ -107,6 +107,10 @@ async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, 
     results = await asyncio.gather(*first, *later)
     assert all(len(result.token_ids) >= 1 for result in results)
     assert engine.batch_sizes[0] == 10 and sorted(engine.batch_sizes[1:], reverse=True) == [16, 14]
+    # decode_steps (rows decoded, requests in flight): the 30 late requests waited while the first 10 decoded
+    assert engine.decode_steps[0] == (10, 10)
+    assert any(rows <= 10 and in_flight >= rows + 30 for rows, in_flight in engine.decode_steps)
+    assert all(rows <= in_flight for rows, in_flight in engine.decode_steps)
     await engine.aclose()
 
 

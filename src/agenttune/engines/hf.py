@@ -66,6 +66,9 @@ class HFEngine(InferenceEngine):
         self.eos_ids = stop_token_set((), eos, tokenizer.eos_token_id)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
+        # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
+        # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
+        self.decode_steps: list[tuple[int, int]] = []
         self._pending: list[_Request] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -163,6 +166,7 @@ class HFEngine(InferenceEngine):
         active = list(batch)
         generators = _generators(active, device)
         while True:
+            self.decode_steps.append((len(active), len(active) + len(self._pending)))
             tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
             keep, finished = [], []
             for row, (request, token, logprob) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(),
