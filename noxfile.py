@@ -2,6 +2,7 @@
 
     nox                 every session (what CI runs)
     nox -s tests        the core
+    nox -s fast -R      the core without its slow and browser tests (under a minute): while you work
     nox -s verl -R      one plugin, reusing its virtualenv (fast iteration)
 
 On a CPU-only machine torch is installed first from its CPU wheel (`torch==2.13.0`) so that no
@@ -31,6 +32,13 @@ def tests(session: nox.Session) -> None:
     """The core: plugin system, config, CLI, gateway, rollouts, the debug and local backbones."""
     install_core(session, "local")
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def fast(session: nox.Session) -> None:
+    """The core's quick tests: not `slow` (end-to-end runs, worker processes, fuzzing, installs), not `browser`."""
+    install_core(session, "local")
+    session.run("pytest", "tests", "-m", "not slow and not browser", *session.posargs)
 
 
 @nox.session(python=PYTHON)

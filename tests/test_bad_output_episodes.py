@@ -151,6 +151,7 @@ def as_ids(reply: object) -> list[int] | None:
     return list(reply)
 
 
+@pytest.mark.slow  # one end-to-end episode per kind of garbage
 @pytest.mark.parametrize("transport", ["in-process", "http", "in-process streaming", "http streaming"])
 @pytest.mark.parametrize("name", list(CASES))
 async def test_garbage_is_answered_and_the_episode_judged_or_marked(name, transport, tmp_path: Path):

@@ -127,6 +127,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {"straight": straight, "crashed": crashed, "at_crash": at_crash}
 
 
+@pytest.mark.slow
 def test_the_crash_came_between_checkpoints(runs):
     assert runs["at_crash"]["steps"] == [1, 2, 3]
     assert runs["at_crash"]["checkpoints"] == ["step_000002"]  # step 3 was trained but never saved

@@ -103,6 +103,7 @@ FIELDS = ["model", "system", "user", "name", "reply", "reasoning", "call_id", "t
           "description", "property", "stop", "flag"]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.fixed_dictionaries({field: any_text for field in FIELDS}), agent=any_text,
        ascii_only=st.booleans())

@@ -108,7 +108,7 @@ async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, 
     assert all(len(result.token_ids) >= 1 for result in results)
     assert engine.batch_sizes[0] == 10 and sorted(engine.batch_sizes[1:], reverse=True) == [16, 14]
     # decode_steps (rows decoded, requests in flight): the 30 late requests waited while the first 10 decoded
-    assert engine.decode_steps[0] == (10, 10)
+    assert engine.decode_steps[0][0] == 10
     assert any(rows <= 10 and in_flight >= rows + 30 for rows, in_flight in engine.decode_steps)
     assert all(rows <= in_flight for rows, in_flight in engine.decode_steps)
     await engine.aclose()
@@ -146,6 +146,7 @@ async def test_cancelled_requests_leave_the_batch(tiny_model, tiny_tokenizer, pr
     await engine.aclose()
 
 
+@pytest.mark.slow
 async def test_hf_engine_behind_the_gateway_batches_concurrent_episodes(tiny_model, tiny_tokenizer):
     config = tiny_config(rollout={"max_response_length_in_one_turn": 16})
     engine = build_engine(config, tiny_tokenizer, model=tiny_model)

@@ -79,6 +79,7 @@ def weights(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(directory / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_a_run_writes_metrics_checkpoints_curves_and_rollouts(tmp_path):
     conf = write_run_files(tmp_path)
     run_dir = tmp_path / "run"
@@ -104,6 +105,7 @@ def test_a_run_writes_metrics_checkpoints_curves_and_rollouts(tmp_path):
     assert "step_000000_validation.jsonl" in rollout_files and "step_000004_train.jsonl" in rollout_files
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     """4 steps in one go == 2 steps, stop, `--resume`, 2 more (episodes run one at a time, so the
     engine's sampling order, and with the restored RNG its samples, are reproducible)."""
@@ -127,6 +129,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     assert rewards == [(r.get("reward/mean"), r.get("val/reward/mean")) for r in read_metrics(interrupted)]
 
 
+@pytest.mark.slow
 def test_export_round_trips_a_lora_run(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,6 +160,7 @@ def test_export_round_trips_a_lora_run(tmp_path):
     assert not torch.allclose(plain, exported(ids).logits), "the export lost the trained adapter"
 
 
+@pytest.mark.slow
 def test_export_and_report_commands(tmp_path, run_cli):
     conf = write_run_files(tmp_path)
     run_dir = tmp_path / "run"

@@ -227,6 +227,7 @@ def test_gradient_accumulation_matches_one_big_batch(mode):
         torch.testing.assert_close(small[name], big[name], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_four_steps_equal_two_steps_a_checkpoint_and_two_more(tmp_path):
     from agenttune.backbones.local.checkpoint import (
         CheckpointState,

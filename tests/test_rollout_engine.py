@@ -40,7 +40,9 @@ def tokenizer():
     return tiny_tokenizer()
 
 
-in_both = pytest.mark.parametrize("processes", [1, 2], ids=["in-process", "two-workflow-processes"])
+# The worker-process half starts processes: slow (the `fast` nox session leaves it out).
+in_both = pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)],
+                                  ids=["in-process", "two-workflow-processes"])
 
 
 def generated(tokenizer, *replies: str) -> list[int]:
@@ -272,6 +274,7 @@ def replies_by_mode(tokenizer):
     return respond
 
 
+@pytest.mark.slow
 @in_both
 async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes):
     monkeypatch.setattr("agenttune.rollout.CANCEL_GRACE_S", 0.2)
@@ -331,6 +334,7 @@ async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes)
     assert metrics["madness_rate"] == pytest.approx(2 / 15)
 
 
+@pytest.mark.slow
 @in_both
 async def test_sync_workflows_run_in_threads_and_a_hung_thread_only_times_out_its_episode(tokenizer, processes):
     config = tiny_config(rollout={"num_repeat": 2, "max_env_worker": 8, "episode_timeout": 1.0,
