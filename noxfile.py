@@ -38,7 +38,8 @@ def tests(session: nox.Session) -> None:
 def fast(session: nox.Session) -> None:
     """The core's quick tests: not `slow` (end-to-end runs, worker processes, fuzzing, installs), not `browser`."""
     install_core(session, "local")
-    session.run("pytest", "tests", "-m", "not slow and not browser", *session.posargs)
+    session.install("pytest-xdist>=3.5")
+    session.run("pytest", "tests", "-m", "not slow and not browser", "-n", "2", *session.posargs)
 
 
 @nox.session(python=PYTHON)

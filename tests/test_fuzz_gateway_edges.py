@@ -171,6 +171,7 @@ escapes = st.sampled_from(['"\\ud800"', '"\\udfff\\ud800"', '"\\ud83d\\ude00"', 
                            "NaN", '"' + "\\\\" * 3 + '"', "{}", "null"])
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ids=token_ids, text_call=st.none() | escapes, tools=st.booleans(), stream=st.booleans(),
        logprobs=st.booleans(), finish=st.sampled_from(["stop", "length", "abort"]))
@@ -230,6 +231,7 @@ def test_connection_abuse_never_kills_the_server(live, name):
     assert live.healthy()
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_during_a_slow_generation_does_not_hurt_the_next(live):
     live.engine.delay = 0.5
     try:

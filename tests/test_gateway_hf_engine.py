@@ -97,6 +97,7 @@ async def test_stop_conditions(tiny_model, tiny_tokenizer, prompts):
     await engine.aclose()
 
 
+@pytest.mark.slow
 async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, tiny_tokenizer, prompts):
     engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=16)
     sampling = SamplingParams(temperature=1.0, max_tokens=24)

@@ -79,6 +79,7 @@ def test_async_client_replies_have_elapsed_and_leave_no_cycles():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_sync_client_replies_have_elapsed_and_leave_no_cycles():
     engine = ScriptedEngine(["Hello."] * 2, tokenizer=tiny_tokenizer())
 

@@ -148,6 +148,7 @@ def echo_task_id(tokenizer):
     return respond
 
 
+@pytest.mark.slow
 async def test_more_than_a_hundred_episodes_run_at_once_without_crossing(tokenizer):
     count = 120
     BarrierWorkflow.running = BarrierWorkflow.peak = 0
