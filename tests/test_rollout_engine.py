@@ -550,3 +550,79 @@ async def test_a_workflow_that_raises_on_context_overflow_ends_cleanly_with_its_
         assert "context_length_exceeded" in episode.error or "maximum context length" in episode.error
         assert episode.samples and episode.samples[0].num_calls >= 2  # what was generated is kept
         assert episode.reward == (0.25 if configured is None else configured)
+
+
+class TalksForever(Workflow):
+    """An agent that never stops on its own: the gateway's turn limit ends it (the 400 propagates)."""
+
+    async def execute(self, task, tuner):
+        client = tuner.as_async_openai_client()
+        messages = [{"role": "user", "content": task.query}]
+        for _ in range(50):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "Go on."}]
+            tuner.update_judge_input_dictionary(final_answer=reply.choices[0].message.content)
+        return WorkflowOutput(metadata={"final_answer": "never"})
+
+
+class StopsAtTheLimit(Workflow):
+    """An agent that catches the refusal and returns normally."""
+
+    async def execute(self, task, tuner):
+        client = tuner.as_async_openai_client()
+        messages = [{"role": "user", "content": task.query}]
+        for _ in range(50):
+            try:
+                reply = await client.chat.completions.create(model="m", messages=messages)
+            except openai.BadRequestError as error:
+                assert error.code == "max_turns_exceeded" and "rollout.max_turns" in error.message
+                break
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+        return WorkflowOutput(reward=float(tuner.turn_limit), metadata={"calls": len(messages) // 2})
+
+
+@in_both
+@pytest.mark.parametrize("configured", [None, -1.0])
+async def test_a_call_beyond_max_turns_is_refused_and_ends_the_episode(tokenizer, processes, configured):
+    """Issue 23 item 3: the (max_turns + 1)-th call gets a 400; the episode ends with status turn_limit,
+    its samples kept, scored by the judge or rollout.turn_limit_reward."""
+    config = tiny_config(rollout={"num_repeat": 2, "max_turns": 3, "workflow_processes": processes,
+                                  "turn_limit_reward": configured})
+    engine = ScriptedEngine(["Some words."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, TalksForever, OverflowJudge()) as rollout:
+        episodes = await rollout.run_tasks(tasks("a"))
+    for episode in episodes:
+        assert episode.status is EpisodeStatus.TURN_LIMIT and not episode.status.failed
+        assert "max_turns_exceeded" in episode.error or "rollout.max_turns" in episode.error
+        assert episode.metrics["calls"] == 3 and episode.metrics["turn_limit"] == 1
+        assert [sample.num_calls for sample in episode.samples] == [3]  # merged, trained
+        assert episode.reward == (0.25 if configured is None else configured)
+    assert step_metrics(episodes)["turn_limit_rate"] == 1.0
+
+
+async def test_a_workflow_that_stops_at_the_turn_limit_ends_normally(tokenizer):
+    config = tiny_config(rollout={"num_repeat": 1, "max_turns": 2})
+    engine = ScriptedEngine(["Some words."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, StopsAtTheLimit) as rollout:
+        [episode] = await rollout.run_tasks(tasks("a"))
+    assert episode.status is EpisodeStatus.OK and episode.reward == 1.0
+    assert episode.output["calls"] == 2 and episode.metrics["turn_limit"] == 1
+
+
+async def test_the_turn_limit_counts_each_agent_and_calls_in_flight(tokenizer):
+    config = tiny_config(rollout={"max_turns": 2})
+    engine = ScriptedEngine(["Hi."], tokenizer=tokenizer, cycle=True, delay=0.05)
+    async with running_gateway(engine, config=config) as gateway:
+        channel = gateway.open_episode("ep")
+        client = openai.AsyncOpenAI(base_url=channel.base_url, api_key=channel.api_key(), max_retries=0)
+        critic = openai.AsyncOpenAI(base_url=channel.base_url, api_key=channel.api_key("critic"), max_retries=0)
+        messages = [{"role": "user", "content": "Hello"}]
+        results = await asyncio.gather(*(client.chat.completions.create(model="m", messages=messages)
+                                         for _ in range(3)), return_exceptions=True)
+        refused = [result for result in results if isinstance(result, openai.BadRequestError)]
+        assert len(refused) == 1 and refused[0].code == "max_turns_exceeded"
+        assert (await critic.chat.completions.create(model="m", messages=messages)).choices[0].message.content
+        assert channel.turn_limit and channel.metrics()["turn_limit"] == 1 and channel.metrics()["calls"] == 3

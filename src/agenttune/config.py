@@ -115,13 +115,19 @@ class RolloutConfig(Section):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
     top_k: int = Field(default=-1, description="Top-k sampling; -1 disables it.")
     val_temperature: float = Field(default=0.0, ge=0, description="Temperature for validation (0 = greedy).")
-    max_turns: int = Field(default=8, gt=0, description="Most LLM calls (or environment steps) per episode.")
+    max_turns: int = Field(
+        default=8, gt=0, description="Most model calls per agent per episode: the gateway refuses the next one "
+                                     "(400 max_turns_exceeded, status turn_limit). Workflows also use it to bound "
+                                     "their environment steps.")
     max_response_length_in_one_turn: int = Field(default=512, gt=0, description="Most new tokens per LLM call.")
     episode_timeout: float = Field(default=300.0, gt=0, description="Seconds before an episode is stopped and marked timeout.")
     agent_madness_reward: float = Field(default=0.0, description="Reward given to an episode when a madness check fires.")
     context_overflow_reward: float | None = Field(
         default=None, description="Reward of an episode that ended because its conversation outgrew "
                                   "model.max_model_len (status context_overflow); none: the judge scores it.")
+    turn_limit_reward: float | None = Field(
+        default=None, description="Reward of an episode that ended because an agent asked for more than "
+                                  "rollout.max_turns model calls (status turn_limit); none: the judge scores it.")
     compute_madness_checklist: list[Literal["nonsense", "wrong_toolcall"]] = Field(
         default_factory=lambda: ["nonsense", "wrong_toolcall"], description="Madness checks to run."
     )

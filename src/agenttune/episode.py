@@ -29,11 +29,14 @@ class EpisodeStatus(StrEnum):
     # there: a normal end, not a crash. Its samples are trained; the judge (or
     # rollout.context_overflow_reward) scores it.
     CONTEXT_OVERFLOW = "context_overflow"
+    # An agent asked for more than rollout.max_turns model calls (the gateway refused it) and the workflow
+    # stopped there: a normal end, scored by the judge (or rollout.turn_limit_reward).
+    TURN_LIMIT = "turn_limit"
 
     @property
     def failed(self) -> bool:
         return self not in (EpisodeStatus.OK, EpisodeStatus.MADNESS, EpisodeStatus.NOT_TRAINABLE,
-                            EpisodeStatus.CONTEXT_OVERFLOW)
+                            EpisodeStatus.CONTEXT_OVERFLOW, EpisodeStatus.TURN_LIMIT)
 
 
 class Sample(BaseModel):

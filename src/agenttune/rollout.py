@@ -44,9 +44,11 @@ CANCEL_GRACE_S = 5.0
 ERROR_CHARS = 4000
 
 
-class ContextOverflowEnd(WorkflowOutput):
-    """What a workflow "returned" when it raised after the gateway refused a call for context overflow."""
+class GatewayLimitEnd(WorkflowOutput):
+    """What a workflow "returned" when it raised after the gateway refused a call at a limit
+    (context overflow, turn limit): the episode ended there, it did not crash."""
 
+    status: EpisodeStatus = EpisodeStatus.CONTEXT_OVERFLOW
     error: str = ""
 
 
@@ -157,8 +159,8 @@ class RolloutEngine:
             tuner = ModelTuner(self._open_channel(episode, sampling), task, self.config, self.frameworks)
             output, madness = await self._roll_out(episode, tuner)
             episode.metrics["workflow_s"] = time.perf_counter() - started
-            if isinstance(output, ContextOverflowEnd):
-                episode.status, episode.error = EpisodeStatus.CONTEXT_OVERFLOW, output.error
+            if isinstance(output, GatewayLimitEnd):
+                episode.status, episode.error = output.status, output.error
             await self._score(episode, output, dict(tuner.judge_input_dictionary))
             self._apply_madness(episode, madness)
         except EpisodeFailure as failure:
@@ -229,8 +231,12 @@ class RolloutEngine:
             raise EpisodeFailure(EpisodeStatus.CANCELLED, "the workflow was cancelled (it raised CancelledError)")
         error = runner.exception()
         if error is not None:
-            if tuner.context_overflow:  # the agent stopped where the context ran out: an end, not a crash
-                return ContextOverflowEnd(metadata={"context_overflow": True}, error=describe(error))
+            # The agent stopped where the context or its turns ran out: an end, not a crash.
+            if tuner.context_overflow:
+                return GatewayLimitEnd(metadata={"context_overflow": True}, error=describe(error))
+            if tuner.turn_limit:
+                return GatewayLimitEnd(metadata={"turn_limit": True}, status=EpisodeStatus.TURN_LIMIT,
+                                       error=describe(error))
             status = EpisodeStatus.ENGINE_ERROR if _engine_failed(tuner) else EpisodeStatus.WORKFLOW_ERROR
             raise EpisodeFailure(status, describe(error))
         return _workflow_output(runner.result(), self.workflow_cls)
@@ -257,9 +263,10 @@ class RolloutEngine:
     # -- the reward --------------------------------------------------------------------------------------------
     async def _score(self, episode: Episode, output: WorkflowOutput, handed: dict[str, Any]) -> None:
         episode.output = output.metadata
-        overflow_reward = self.config.rollout.context_overflow_reward
-        if episode.status is EpisodeStatus.CONTEXT_OVERFLOW and overflow_reward is not None:
-            episode.reward, episode.success = overflow_reward, False
+        limit_reward = {EpisodeStatus.CONTEXT_OVERFLOW: self.config.rollout.context_overflow_reward,
+                        EpisodeStatus.TURN_LIMIT: self.config.rollout.turn_limit_reward}.get(episode.status)
+        if limit_reward is not None:
+            episode.reward, episode.success = limit_reward, False
             return
         use_judge = self.judge is not None and (output.reward is None or self.config.judge.always_run)
         if not use_judge:

@@ -10,7 +10,7 @@ from typing import Any
 
 from agenttune.engine import Generation, InferenceEngine, SamplingParams
 from agenttune.gateway import madness
-from agenttune.gateway.channel import EpisodeChannel
+from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.errors import GatewayError
 from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
@@ -44,12 +44,14 @@ class ChatResult:
 
 class ChatCompletions:
     def __init__(self, engine: InferenceEngine, renderer: ChatRenderer, tool_parser: ToolParser,
-                 reasoning_parser: ThinkParser | None, *, max_model_len: int, madness_checks: list[str]):
+                 reasoning_parser: ThinkParser | None, *, max_model_len: int, madness_checks: list[str],
+                 max_turns: int | None = None):
         self.engine = engine
         self.renderer = renderer
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
         self.max_model_len = max_model_len
+        self.max_turns = max_turns
         self.checks = set(madness_checks)
         eos = renderer.tokenizer.eos_token_id
         self.stop_token_ids = (eos,) if eos is not None else ()
@@ -61,6 +63,7 @@ class ChatCompletions:
         timeline = channel.timeline(agent)
         timeline.in_flight += 1
         try:
+            self._check_turns(channel, timeline)
             prompt = timeline.prompt_for(request)
             sampling = self._sampling(channel.sampling, request)
             self._check_fits(channel, prompt, sampling)
@@ -81,6 +84,18 @@ class ChatCompletions:
     @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run
     def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
         return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids)
+
+    def _check_turns(self, channel: EpisodeChannel, timeline: Timeline) -> None:
+        # Calls running now count: an agent that sends several at once cannot slip past the limit.
+        if self.max_turns is None or timeline.calls + timeline.in_flight <= self.max_turns:
+            return
+        channel.turn_limit = True
+        channel.counters["turn_limit"] = 1
+        agent = "" if timeline.agent == DEFAULT_AGENT else f" (agent {timeline.agent!r})"
+        raise GatewayError(
+            400, f"This episode has used all {self.max_turns} model calls it may make{agent} (rollout.max_turns), "
+                 "so it ends here: stop calling the model and return. Raise rollout.max_turns to allow more.",
+            code="max_turns_exceeded")
 
     def _check_fits(self, channel: EpisodeChannel, prompt: Prompt, sampling: SamplingParams) -> None:
         needed = len(prompt.ids) + sampling.max_tokens

@@ -60,7 +60,8 @@ class Gateway:
         self.completions = ChatCompletions(
             engine, self.renderer, get_tool_parser(config.gateway.tool_parser),
             get_reasoning_parser(config.gateway.reasoning_parser),
-            max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist))
+            max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
+            max_turns=config.rollout.max_turns)
         self.model_name = config.model.path or "agenttune"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None

@@ -104,6 +104,7 @@ class Timeline:
         self.breaks: Counter[str] = Counter()
         self.conversation: list[dict[str, Any]] = []
         self.in_flight = 0
+        self.calls = 0  # answered calls (rollout.max_turns bounds them)
         self._turn: _Turn | None = None
 
     def prompt_for(self, request: ChatRequest) -> Prompt:
@@ -150,6 +151,7 @@ class Timeline:
             if reason:
                 self.breaks[reason] += 1
         sample.add_generated(token_ids, logprobs)
+        self.calls += 1
         self.conversation = [*request.messages, reply]
         self._turn = None
         if exact and extendable:
