@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -146,3 +148,27 @@ async def test_server_errors_become_engine_errors():
 def test_openai_engine_needs_a_model_name():
     with pytest.raises(UserError, match="engine.model is not set"):
         build_engine(tiny_config(model={"path": ""}, engine={"type": "openai"}), tiny_tokenizer())
+
+
+async def test_tool_choice_and_response_format_go_to_the_server_as_structured_outputs():
+    """Issue 23: the openai engine passes the gateway's guide on as vLLM's `structured_outputs`."""
+    fake = FakeVLLM(tiny_tokenizer())
+    with serve_app(fake.app()) as server_url:
+        config = tiny_config(engine={"type": "openai", "base_url": server_url + "/v1", "model": "served"})
+        engine = build_engine(config, fake.tokenizer)
+        async with Gateway(engine, fake.tokenizer, config) as gateway:
+            channel = gateway.open_episode("e1")
+            client = openai.AsyncOpenAI(base_url="http://in-process/v1", api_key=channel.api_key(), max_retries=0,
+                                        http_client=httpx.AsyncClient(transport=channel.async_transport()))
+            messages = [{"role": "user", "content": "Compute"}]
+            await client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+            await client.chat.completions.create(model="m", messages=messages, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+            await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        await engine.aclose()
+    required, formatted, free = (request.get("structured_outputs") for request in fake.requests)
+    tag = json.loads(required["structural_tag"])["format"]
+    assert tag["type"] == "tags_with_separator" and tag["at_least_one"]
+    assert tag["tags"][0]["begin"] == '<tool_call>\n{"name": "calc", "arguments": '
+    assert json.loads(formatted["structural_tag"])["format"]["json_schema"] == {"type": "object"}
+    assert free is None and channel.metrics().get("guide_not_enforced", 0) == 0

@@ -65,6 +65,8 @@ class StandInEngine:
 @pytest.fixture
 def vllm_engine(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=StandInSamplingParams))
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params",
+                        types.SimpleNamespace(StructuredOutputsParams=StandInSamplingParams))
     from agenttune.engines.vllm import VLLMEngine
 
     def make(completion):
@@ -118,3 +120,12 @@ def test_an_unreachable_vllm_model_is_an_error_not_stale_weights(vllm_engine, ti
     engine = VLLMEngine(types.SimpleNamespace())
     with pytest.raises(RuntimeError, match="stale weights"):
         engine.load_weights(tiny_model)
+
+
+async def test_a_guide_becomes_vllm_structured_outputs(vllm_engine):
+    from agenttune.engine import Guide
+
+    engine = vllm_engine(Completion([5], [{5: Logprob(-0.5)}], "stop"))
+    await engine.generate([1], SamplingParams(guide=Guide("structural_tag", '{"type": "structural_tag"}')))
+    params = engine.engine.requests[0][1]
+    assert params.kwargs["structured_outputs"].kwargs == {"structural_tag": '{"type": "structural_tag"}'}

@@ -12,6 +12,27 @@ from agenttune.judge import NoOptions
 FinishReason = Literal["stop", "length", "abort"]
 
 
+GuideKind = Literal["json_schema", "structural_tag"]
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A grammar the reply must follow, enforced while decoding (tool_choice, response_format).
+
+    `kind` is `json_schema` (`spec`: the schema as JSON text) or `structural_tag` (`spec`: an
+    xgrammar/vLLM structural tag as JSON text: tagged tool calls with JSON-schema arguments).
+    Engines with `enforces_guides` mask the logits so that only tokens the grammar allows can be
+    sampled; the logprobs they report are those of the masked distribution (what was sampled from).
+    """
+
+    kind: GuideKind
+    spec: str
+
+
+class GuideError(ValueError):
+    """The engine cannot build the grammar of a request's guide (e.g. a JSON-schema feature it lacks)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -21,6 +42,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    guide: Guide | None = None
 
 
 @dataclass
@@ -30,6 +52,8 @@ class Generation:
     `token_ids` are the generated ids exactly as sampled (the truth that is trained on);
     `logprobs[i]` is the sampling logprob of `token_ids[i]`, or None when the engine cannot report it.
     `text` is only set by engines that cannot return ids (then the episode is not trainable).
+    `forced[i]` is True where a guide allowed only `token_ids[i]`: it was not a choice of the model,
+    so it is not trained on (loss mask 0). None: nothing was forced.
     """
 
     token_ids: list[int]
@@ -37,6 +61,7 @@ class Generation:
     finish_reason: FinishReason
     text: str | None = None
     metadata: dict[str, object] = field(default_factory=dict)
+    forced: list[bool] | None = None
 
 
 class InferenceEngine:
@@ -55,6 +80,9 @@ class InferenceEngine:
     # False: the engine never reports logprobs; its samples say so and the trainer recomputes them.
     # True: every generation must carry one finite logprob per token, or the gateway refuses it.
     returns_logprobs: ClassVar[bool] = True
+    # True: `SamplingParams.guide` is enforced while decoding. False: the gateway counts the request
+    # as `guide_not_enforced` and the reply may break the grammar.
+    enforces_guides: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:

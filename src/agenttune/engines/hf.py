@@ -10,7 +10,9 @@ process, so rollouts always see the current weights without a copy).
 
 Logprobs are `log_softmax(logits / temperature)` of the sampled token — temperature-scaled,
 before top-k/top-p filtering — which is what a trainer recomputes at the same temperature. Greedy
-rows (temperature 0) report `log_softmax(logits)`.
+rows (temperature 0) report `log_softmax(logits)`. Rows with a guide (tool_choice, response_format)
+sample from the logits with the tokens their grammar forbids masked out (engines/grammar.py) and
+report that masked distribution's logprob: the behaviour policy rollout correction must see.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+from agenttune.engines.grammar import GrammarBook, advance
 from agenttune.engines.stopping import StopStrings, stop_token_set
 
 
@@ -49,11 +52,14 @@ class _Request:
     stop_strings: StopStrings
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    matcher: Any = None  # the guide's grammar state, for requests with a guide
+    forced: list[bool] = field(default_factory=list)  # per token, with a guide: the only token allowed
 
 
 class HFEngine(InferenceEngine):
     name: ClassVar[str] = "hf"
     Options: ClassVar[type[BaseModel]] = HFOptions
+    enforces_guides: ClassVar[bool] = True
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_model_len: int | None = None,
                  batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
@@ -69,6 +75,7 @@ class HFEngine(InferenceEngine):
         # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
         # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
         self.decode_steps: list[tuple[int, int]] = []
+        self._grammars: GrammarBook | None = None
         self._pending: list[_Request] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -91,10 +98,19 @@ class HFEngine(InferenceEngine):
         request = _Request(list(prompt_ids), sampling, loop.create_future(),
                            stop_token_set(sampling.stop_token_ids, list(self.eos_ids)),
                            StopStrings(self.tokenizer, sampling.stop))
+        if sampling.guide is not None:
+            request.matcher = self.grammars.matcher(sampling.guide)
         self._ensure_worker(loop)
         self._pending.append(request)
         self._wakeup.set()
         return await request.future
+
+    @property
+    def grammars(self) -> GrammarBook:
+        if self._grammars is None:
+            vocab = max(self.model.config.vocab_size, len(self.tokenizer))
+            self._grammars = GrammarBook(self.tokenizer, vocab, sorted(self.eos_ids))
+        return self._grammars
 
     async def aclose(self) -> None:
         if self._worker is not None:
@@ -167,12 +183,19 @@ class HFEngine(InferenceEngine):
         generators = _generators(active, device)
         while True:
             self.decode_steps.append((len(active), len(active) + len(self._pending)))
+            matchers = [request.matcher for request in active]
+            guided = any(matcher is not None for matcher in matchers)
+            forced = self.grammars.mask(logits, matchers).tolist() if guided else None
             tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
+            token_list = tokens.tolist()
+            if guided:
+                advance(matchers, token_list)
             keep, finished = [], []
-            for row, (request, token, logprob) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(),
-                                                               strict=True)):
+            for row, (request, token, logprob) in enumerate(zip(active, token_list, logprobs.tolist(), strict=True)):
                 request.token_ids.append(token)
                 request.logprobs.append(logprob)
+                if request.matcher is not None:
+                    request.forced.append(forced[row])
                 finish = self._finish_reason(request)
                 if finish is not None:
                     finished.append((request, finish))
@@ -211,7 +234,8 @@ class HFEngine(InferenceEngine):
     def _forward(self, input_ids: Any, attention: Any, positions: Any, cache: Any) -> Any:
         output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return output.logits[:, -1, :].float()
+        # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
+        return output.logits[:, -1, :].float().contiguous()
 
     def _finish_reason(self, request: _Request) -> FinishReason | None:
         if request.token_ids[-1] in request.stop_ids or request.stop_strings.hit(request.token_ids):
@@ -225,7 +249,8 @@ class HFEngine(InferenceEngine):
 
 def _resolve(request: _Request, finish: FinishReason) -> None:
     if not request.future.done():
-        request.future.set_result(Generation(request.token_ids, request.logprobs, finish))
+        request.future.set_result(Generation(request.token_ids, request.logprobs, finish,
+                                             forced=request.forced if request.matcher is not None else None))
 
 
 @contextlib.contextmanager

@@ -35,6 +35,8 @@ class OpenAIEngineOptions(BaseModel):
 
 class OpenAIEngine(InferenceEngine):
     name: ClassVar[str] = "openai"
+    # Guides go to the server as vLLM's `structured_outputs` (a server without it ignores or refuses them).
+    enforces_guides: ClassVar[bool] = True
     Options: ClassVar[type[BaseModel]] = OpenAIEngineOptions
 
     def __init__(self, options: OpenAIEngineOptions, model_name: str, *, transport: Any = None):
@@ -101,6 +103,9 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
         fields["stop_token_ids"] = list(sampling.stop_token_ids)
     if sampling.seed is not None:
         fields["seed"] = sampling.seed
+    if sampling.guide is not None:  # vLLM's structured outputs field (vLLM >= 0.10.2)
+        key = "json" if sampling.guide.kind == "json_schema" else "structural_tag"
+        fields["structured_outputs"] = {key: sampling.guide.spec}
     return fields
 
 

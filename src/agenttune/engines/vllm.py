@@ -40,6 +40,7 @@ class VLLMOptions(BaseModel):
 
 
 class VLLMEngine(InferenceEngine):
+    enforces_guides: ClassVar[bool] = True
     name: ClassVar[str] = "vllm"
     Options: ClassVar[type[BaseModel]] = VLLMOptions
 
@@ -98,7 +99,14 @@ class VLLMEngine(InferenceEngine):
 def vllm_sampling(sampling: SamplingParams) -> Any:
     from vllm import SamplingParams as VLLMSamplingParams
 
+    guide = {}
+    if sampling.guide is not None:  # vLLM's structured outputs (>= 0.10.2; xgrammar by default)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        field = "json" if sampling.guide.kind == "json_schema" else "structural_tag"
+        guide["structured_outputs"] = StructuredOutputsParams(**{field: sampling.guide.spec})
     return VLLMSamplingParams(
+        **guide,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k if sampling.top_k > 0 else -1,

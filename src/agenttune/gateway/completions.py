@@ -8,10 +8,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engine import Generation, Guide, GuideError, InferenceEngine, SamplingParams
 from agenttune.gateway import madness
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.errors import GatewayError
+from agenttune.gateway.guides import guide_for
 from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.reasoning import ThinkParser
@@ -65,25 +66,33 @@ class ChatCompletions:
         try:
             self._check_turns(channel, timeline)
             prompt = timeline.prompt_for(request)
-            sampling = self._sampling(channel.sampling, request)
+            sampling = self._sampling(channel, request)
             self._check_fits(channel, prompt, sampling)
             generation, server_prompt = await self._generate(channel, request, prompt, sampling)
             if server_prompt is not None:  # chat mode: the server rendered the prompt
                 prompt = Prompt(server_prompt)
             exact = bool(generation.token_ids) and (server_prompt is not None or not self.chat_mode)
-            return self._finish(channel, timeline, request, prompt, generation, exact)
+            return self._finish(channel, timeline, request, prompt, generation, exact, guided=sampling.guide is not None)
         finally:
             timeline.in_flight -= 1
 
-    def _sampling(self, base: SamplingParams, request: ChatRequest) -> SamplingParams:
+    def _sampling(self, channel: EpisodeChannel, request: ChatRequest) -> SamplingParams:
         # The episode decides temperature/top_p/top_k (training samples from the policy it trains);
-        # the request may ask for fewer tokens and for stop strings.
+        # the request may ask for fewer tokens, for stop strings, and for a grammar (tool_choice,
+        # response_format).
+        base = channel.sampling
         max_tokens = min(request.max_tokens or base.max_tokens, base.max_tokens)
-        return self._request_sampling(base, max_tokens, request.stop or base.stop)
+        guide = guide_for(request, self.tool_parser)
+        if guide is not None and not self.engine.enforces_guides:
+            channel.counters["guide_not_enforced"] += 1  # (the scripted test engine; docs/gateway.md)
+            guide = None
+        return self._request_sampling(base, max_tokens, request.stop or base.stop, guide)
 
     @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run
-    def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
-        return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids)
+    def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...],
+                          guide: Guide | None) -> SamplingParams:
+        return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids,
+                       guide=guide)
 
     def _check_turns(self, channel: EpisodeChannel, timeline: Timeline) -> None:
         # Calls running now count: an agent that sends several at once cannot slip past the limit.
@@ -116,6 +125,9 @@ class ChatCompletions:
             else:
                 generation, server_prompt = await self.engine.generate(
                     prompt.ids, sampling, request_id=channel.episode_id), None
+        except GuideError as error:  # the request's schema, not the engine, is at fault
+            raise GatewayError(400, f"The response_format or tool parameters schema cannot be enforced: {error}. "
+                                    "Simplify the schema.", param="response_format") from error
         except Exception as error:
             channel.counters["engine_errors"] += 1
             channel.engine_failing = True
@@ -145,16 +157,19 @@ class ChatCompletions:
             code="engine_error")
 
     def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
-                generation: Generation, exact: bool) -> ChatResult:
+                generation: Generation, exact: bool, *, guided: bool = False) -> ChatResult:
         channel.engine_failing = False
         decoded = self._decode(channel, generation, exact)
         text = decoded.text
         if generation.finish_reason == "stop" and request.stop:
             text = _cut_at_stop(text, request.stop)
-        reply, parsed = self._reply(request, text)
+        reply, parsed = self._reply(request, text, guided)
         self._check_madness(channel, request, decoded.text_ids, parsed)
         timeline.record(request, prompt, decoded.token_ids, generation.logprobs if exact else None, reply,
-                        exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode)
+                        exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode,
+                        forced=generation.forced if exact else None)
+        if exact and generation.forced:
+            channel.counters["forced_tokens"] += sum(generation.forced)
         counters = channel.counters
         counters["calls"] += 1
         counters["prompt_tokens"] += len(prompt.ids)
@@ -180,9 +195,14 @@ class ChatCompletions:
         text_ids = token_ids[:-1] if ends_on_stop else token_ids
         return _Decoded(token_ids, text_ids, self.renderer.decode(text_ids), token_ids[-1] if ends_on_stop else None)
 
-    def _reply(self, request: ChatRequest, text: str) -> tuple[dict[str, Any], ToolParse]:
-        """The assistant message: reasoning, content and tool calls read out of the text."""
-        reasoning, content = self.reasoning_parser.split(text) if self.reasoning_parser else (None, text)
+    def _reply(self, request: ChatRequest, text: str, guided: bool = False) -> tuple[dict[str, Any], ToolParse]:
+        """The assistant message: reasoning, content and tool calls read out of the text.
+
+        A guided reply follows its grammar from the first token: it has no reasoning block (a
+        `</think>` inside a JSON string is just text).
+        """
+        split = self.reasoning_parser is not None and not guided
+        reasoning, content = self.reasoning_parser.split(text) if split else (None, text)
         parsed = self.tool_parser.parse(content) if request.parses_tool_calls else ToolParse(content)
         reply: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         calls = parsed.calls if request.parallel_tool_calls else parsed.calls[:1]

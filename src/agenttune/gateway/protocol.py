@@ -34,6 +34,8 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The JSON schema the reply must follow (response_format json_object / json_schema); None: free text.
+    response_schema: dict[str, Any] | None = None
 
     @property
     def tool_names(self) -> set[str]:
@@ -70,6 +72,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=_stop(body.get("stop")),
         logprobs=bool(_optional(body, "logprobs", bool)),
         template_kwargs=_optional(body, "chat_template_kwargs", dict) or {},
+        response_schema=_response_schema(body.get("response_format")),
     )
 
 
@@ -207,6 +210,28 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                               param=f"tools[{index}]")
         normal.append({"type": "function", "function": function})
     return normal
+
+
+def _response_schema(response_format: Any) -> dict[str, Any] | None:
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None and isinstance(spec, dict):
+            return {}  # no schema given: any JSON value, as OpenAI
+        if isinstance(schema, dict | bool):
+            return schema if isinstance(schema, dict) else {}
+        raise bad_request("response_format.json_schema.schema must be a JSON-schema object.",
+                          param="response_format")
+    raise bad_request("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}.",
+                      param="response_format")
 
 
 def _tool_choice(choice: Any) -> str | dict[str, Any]:

@@ -52,9 +52,11 @@ class SampleBuilder:
         self.loss_mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
 
-    def add_generated(self, token_ids: list[int], logprobs: list[float] | None) -> None:
+    def add_generated(self, token_ids: list[int], logprobs: list[float] | None,
+                      forced: list[bool] | None = None) -> None:
+        """`forced`: tokens a grammar allowed alone (not the model's choice): loss mask 0, kept as context."""
         self.response_ids += token_ids
-        self.loss_mask += [1] * len(token_ids)
+        self.loss_mask += [0 if is_forced else 1 for is_forced in forced] if forced else [1] * len(token_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
         self.engine_logprobs = self.engine_logprobs and logprobs is not None
         self.num_calls += 1
@@ -134,7 +136,8 @@ class Timeline:
         return Prompt(sample.context_ids + context_ids, sample, sample.length, context_ids), None
 
     def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,
-               reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True) -> None:
+               reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True,
+               forced: list[bool] | None = None) -> None:
         """File a finished call: extend the current sample or start a new one.
 
         `exact`: the ids are the engine's; `extendable`: a later call may continue this one.
@@ -150,7 +153,7 @@ class Timeline:
             reason = prompt.break_reason or ("concurrent_call" if prompt.extends is not None else None)
             if reason:
                 self.breaks[reason] += 1
-        sample.add_generated(token_ids, logprobs)
+        sample.add_generated(token_ids, logprobs, forced)
         self.calls += 1
         self.conversation = [*request.messages, reply]
         self._turn = None
