@@ -129,3 +129,12 @@ async def test_a_guide_becomes_vllm_structured_outputs(vllm_engine):
     await engine.generate([1], SamplingParams(guide=Guide("structural_tag", '{"type": "structural_tag"}')))
     params = engine.engine.requests[0][1]
     assert params.kwargs["structured_outputs"].kwargs == {"structural_tag": '{"type": "structural_tag"}'}
+
+
+async def test_vllm_streams_new_token_ids_then_the_generation(vllm_engine):
+    from agenttune.engine import Generation
+
+    engine = vllm_engine(Completion([5, 9, 2], [{5: Logprob(-0.5)}, {9: Logprob(-0.25)}, {2: Logprob(-2.0)}], "stop"))
+    events = [event async for event in engine.generate_stream([1, 2], SamplingParams())]
+    assert events[:-1] == [[5], [9, 2]]  # the stand-in's partial output, then the rest
+    assert isinstance(events[-1], Generation) and events[-1].token_ids == [5, 9, 2]

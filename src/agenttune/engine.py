@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -97,6 +98,15 @@ class InferenceEngine:
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> Generation:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement generate()")
+
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """The generation as it happens: lists of newly sampled token ids, then the finished `Generation`.
+
+        The ids streamed add up to the Generation's `token_ids`. Closing the iterator early abandons
+        the request. This default streams nothing until the end (engines that cannot stream).
+        """
+        yield await self.generate(prompt_ids, sampling, request_id=request_id)
 
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -53,6 +54,7 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     matcher: Any = None  # the guide's grammar state, for requests with a guide
+    stream: asyncio.Queue | None = None  # streamed requests: each step's token, then the Generation or error
     forced: list[bool] = field(default_factory=list)  # per token, with a guide: the only token allowed
 
 
@@ -92,18 +94,37 @@ class HFEngine(InferenceEngine):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
+        return await self._submit(prompt_ids, sampling).future
+
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """Every decode step's token as it is sampled, then the Generation."""
+        request = self._submit(prompt_ids, sampling, stream=True)
+        try:
+            while True:
+                item = await request.stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item if isinstance(item, Generation) else [item]
+                if isinstance(item, Generation):
+                    return
+        finally:
+            if not request.future.done():  # the caller left: the row leaves the batch at the next step
+                request.future.cancel()
+
+    def _submit(self, prompt_ids: list[int], sampling: SamplingParams, *, stream: bool = False) -> _Request:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), sampling, loop.create_future(),
                            stop_token_set(sampling.stop_token_ids, list(self.eos_ids)),
-                           StopStrings(self.tokenizer, sampling.stop))
+                           StopStrings(self.tokenizer, sampling.stop), stream=asyncio.Queue() if stream else None)
         if sampling.guide is not None:
             request.matcher = self.grammars.matcher(sampling.guide)
         self._ensure_worker(loop)
         self._pending.append(request)
         self._wakeup.set()
-        return await request.future
+        return request
 
     @property
     def grammars(self) -> GrammarBook:
@@ -145,6 +166,8 @@ class HFEngine(InferenceEngine):
                     for request in batch:
                         if not request.future.done():
                             request.future.set_exception(error)
+                            if request.stream is not None:
+                                request.stream.put_nowait(error)
 
     async def _gather(self) -> None:
         """Wait while requests keep arriving (each within `batch_wait_s` of the last), up to a full batch.
@@ -190,17 +213,21 @@ class HFEngine(InferenceEngine):
             token_list = tokens.tolist()
             if guided:
                 advance(matchers, token_list)
-            keep, finished = [], []
+            keep, finished, streamed = [], [], []
             for row, (request, token, logprob) in enumerate(zip(active, token_list, logprobs.tolist(), strict=True)):
                 request.token_ids.append(token)
                 request.logprobs.append(logprob)
                 if request.matcher is not None:
                     request.forced.append(forced[row])
+                if request.stream is not None:
+                    streamed.append((request.stream, token))
                 finish = self._finish_reason(request)
                 if finish is not None:
                     finished.append((request, finish))
                 elif not request.future.done():  # done: the caller gave up (timeout, cancel)
                     keep.append(row)
+            if streamed:  # one hand-over to the event loop per step, for all streamed rows
+                loop.call_soon_threadsafe(_deliver, streamed)
             if not keep:
                 return finished
             for request, finish in finished:
@@ -249,8 +276,16 @@ class HFEngine(InferenceEngine):
 
 def _resolve(request: _Request, finish: FinishReason) -> None:
     if not request.future.done():
-        request.future.set_result(Generation(request.token_ids, request.logprobs, finish,
-                                             forced=request.forced if request.matcher is not None else None))
+        generation = Generation(request.token_ids, request.logprobs, finish,
+                                forced=request.forced if request.matcher is not None else None)
+        request.future.set_result(generation)
+        if request.stream is not None:  # after the step's tokens: the loop runs callbacks in order
+            request.stream.put_nowait(generation)
+
+
+def _deliver(streamed: list[tuple[asyncio.Queue, int]]) -> None:
+    for queue, token in streamed:
+        queue.put_nowait(token)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,6 +80,19 @@ class VLLMEngine(InferenceEngine):
         if final is None or not final.outputs:
             return Generation([], [], "abort")
         return to_generation(final.outputs[0])
+
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """vLLM's own stream (cumulative outputs) as new token ids, then the Generation."""
+        final, sent = None, 0
+        async for output in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, vllm_sampling(sampling),
+                                                 request_id or uuid.uuid4().hex):
+            final = output
+            token_ids = output.outputs[0].token_ids if output.outputs else ()
+            if len(token_ids) > sent:
+                yield list(token_ids[sent:])
+                sent = len(token_ids)
+        yield Generation([], [], "abort") if final is None or not final.outputs else to_generation(final.outputs[0])
 
     def load_weights(self, model: Any) -> None:
         """Copy the trainer's current weights into vLLM's model (called after each training step)."""

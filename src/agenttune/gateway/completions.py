@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -17,6 +18,8 @@ from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.reasoning import ThinkParser
 from agenttune.gateway.rendering import ChatRenderer
+from agenttune.gateway.responses import ChunkWriter
+from agenttune.gateway.streaming import DeltaStream
 from agenttune.gateway.timeline import Prompt, Timeline
 from agenttune.gateway.tool_parsers import ToolParse, ToolParser
 
@@ -60,14 +63,14 @@ class ChatCompletions:
         self.chat_mode = bool(getattr(engine, "wants_messages", False))
 
     async def __call__(self, channel: EpisodeChannel, agent: str, body: Any) -> ChatResult:
-        request = parse_chat_request(body)
+        return await self.answer(channel, agent, parse_chat_request(body))
+
+    async def answer(self, channel: EpisodeChannel, agent: str, request: ChatRequest) -> ChatResult:
+        """The whole reply, once generated."""
         timeline = channel.timeline(agent)
         timeline.in_flight += 1
         try:
-            self._check_turns(channel, timeline)
-            prompt = timeline.prompt_for(request)
-            sampling = self._sampling(channel, request)
-            self._check_fits(channel, prompt, sampling)
+            prompt, sampling = self._prepare(channel, timeline, request)
             generation, server_prompt = await self._generate(channel, request, prompt, sampling)
             if server_prompt is not None:  # chat mode: the server rendered the prompt
                 prompt = Prompt(server_prompt)
@@ -75,6 +78,86 @@ class ChatCompletions:
             return self._finish(channel, timeline, request, prompt, generation, exact, guided=sampling.guide is not None)
         finally:
             timeline.in_flight -= 1
+
+    @property
+    def streams(self) -> bool:
+        """Whether replies can be streamed as they are generated (chat-mode engines answer whole)."""
+        return not self.chat_mode
+
+    async def stream(self, channel: EpisodeChannel, agent: str, request: ChatRequest) -> AsyncIterator[bytes]:
+        """The reply as server-sent events, chunk by chunk as tokens are sampled.
+
+        Refusals (bad request, turn limit, context overflow) are raised here, before the stream
+        starts, so they get their status code; an engine failure later ends the stream with an
+        error event. The finished reply is recorded exactly as `answer` records it.
+        """
+        timeline = channel.timeline(agent)
+        timeline.in_flight += 1
+        try:
+            prompt, sampling = self._prepare(channel, timeline, request)
+        except BaseException:
+            timeline.in_flight -= 1
+            raise
+        return self._events(channel, timeline, request, prompt, sampling)
+
+    async def _events(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
+                      sampling: SamplingParams) -> AsyncIterator[bytes]:
+        chunks = ChunkWriter(request, random_id("chatcmpl-"), int(time.time()))
+        deltas = DeltaStream(reasoning=None if sampling.guide else self.reasoning_parser,
+                             tool_start=getattr(self.tool_parser, "START", None) if request.parses_tool_calls else None,
+                             stops=request.stop, prompt_opens_thinking=self._opens_thinking(prompt))
+        try:
+            yield chunks.delta({"role": "assistant", "content": ""})
+            token_ids: list[int] = []
+            generation = None
+            async for event in self._generate_stream(channel, prompt, sampling):
+                if isinstance(event, Generation):
+                    generation = event
+                    break
+                token_ids += event
+                text_ids = token_ids[:-1] if token_ids[-1] in self.stop_tokens else token_ids
+                for delta in deltas.push(self.renderer.decode(text_ids)):
+                    yield chunks.delta(delta)
+            self._check_logprobs(channel, generation)
+            result = self._finish(channel, timeline, request, prompt, generation, bool(generation.token_ids),
+                                  guided=sampling.guide is not None, result_id=chunks.id, created=chunks.created)
+            for delta in deltas.finish(result.message):
+                yield chunks.delta(delta)
+            if deltas.mismatch:
+                channel.counters["stream_mismatch"] += 1
+            yield chunks.ending(result)
+        except GatewayError as error:
+            yield chunks.error(error)
+        finally:
+            timeline.in_flight -= 1
+
+    async def _generate_stream(self, channel: EpisodeChannel, prompt: Prompt,
+                               sampling: SamplingParams) -> AsyncIterator[list[int] | Generation]:
+        events = self.engine.generate_stream(prompt.ids, sampling, request_id=channel.episode_id)
+        try:
+            async for event in events:
+                yield event
+        except GuideError as error:
+            raise self._guide_refusal(error) from error
+        except Exception as error:
+            raise self._engine_failure(channel, error) from error
+        finally:
+            await events.aclose()
+
+    def _opens_thinking(self, prompt: Prompt) -> bool:
+        """Whether the chat template opened the reply's `<think>` block in the prompt itself."""
+        if self.reasoning_parser is None:
+            return False
+        tail = self.renderer.decode(prompt.ids[-4:]).rstrip("\n")
+        return tail.endswith(self.reasoning_parser.OPEN)
+
+    def _prepare(self, channel: EpisodeChannel, timeline: Timeline,
+                 request: ChatRequest) -> tuple[Prompt, SamplingParams]:
+        self._check_turns(channel, timeline)
+        prompt = timeline.prompt_for(request)
+        sampling = self._sampling(channel, request)
+        self._check_fits(channel, prompt, sampling)
+        return prompt, sampling
 
     def _sampling(self, channel: EpisodeChannel, request: ChatRequest) -> SamplingParams:
         # The episode decides temperature/top_p/top_k (training samples from the policy it trains);
@@ -126,15 +209,22 @@ class ChatCompletions:
                 generation, server_prompt = await self.engine.generate(
                     prompt.ids, sampling, request_id=channel.episode_id), None
         except GuideError as error:  # the request's schema, not the engine, is at fault
-            raise GatewayError(400, f"The response_format or tool parameters schema cannot be enforced: {error}. "
-                                    "Simplify the schema.", param="response_format") from error
+            raise self._guide_refusal(error) from error
         except Exception as error:
-            channel.counters["engine_errors"] += 1
-            channel.engine_failing = True
-            raise GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}",
-                               code="engine_error") from error
+            raise self._engine_failure(channel, error) from error
         self._check_logprobs(channel, generation)
         return generation, server_prompt
+
+    @staticmethod
+    def _guide_refusal(error: GuideError) -> GatewayError:
+        return GatewayError(400, f"The response_format or tool parameters schema cannot be enforced: {error}. "
+                                 "Simplify the schema.", param="response_format")
+
+    @staticmethod
+    def _engine_failure(channel: EpisodeChannel, error: Exception) -> GatewayError:
+        channel.counters["engine_errors"] += 1
+        channel.engine_failing = True
+        return GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}", code="engine_error")
 
     def _check_logprobs(self, channel: EpisodeChannel, generation: Generation) -> None:
         """One finite logprob per generated token, or the call fails: a 0.0 would train as probability 1."""
@@ -157,7 +247,8 @@ class ChatCompletions:
             code="engine_error")
 
     def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
-                generation: Generation, exact: bool, *, guided: bool = False) -> ChatResult:
+                generation: Generation, exact: bool, *, guided: bool = False, result_id: str | None = None,
+                created: int | None = None) -> ChatResult:
         channel.engine_failing = False
         decoded = self._decode(channel, generation, exact)
         text = decoded.text
@@ -181,7 +272,7 @@ class ChatCompletions:
                         for token, logprob in zip(decoded.text_ids, generation.logprobs, strict=False)]
         calls = reply.get("tool_calls")
         message = {**reply, "content": reply["content"] if (reply["content"] or not calls) else None}
-        return ChatResult(request, random_id("chatcmpl-"), int(time.time()), message,
+        return ChatResult(request, result_id or random_id("chatcmpl-"), created or int(time.time()), message,
                           "tool_calls" if calls else generation.finish_reason, len(prompt.ids),
                           len(decoded.token_ids), logprobs)
 

@@ -19,6 +19,7 @@ import contextlib
 import json
 import re
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from agenttune.errors import UserError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
 from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.gateway.protocol import parse_chat_request
 from agenttune.gateway.reasoning import get_reasoning_parser
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import completion_body, completion_events, dumps
@@ -49,6 +51,13 @@ class Reply:
     status: int
     body: bytes
     content_type: str = JSON
+    stream: AsyncIterator[bytes] | None = None  # a streamed reply's events (then `body` is empty)
+
+    async def read(self) -> bytes:
+        """The whole body (a stream is read to its end)."""
+        if self.stream is None:
+            return self.body
+        return b"".join([chunk async for chunk in self.stream])
 
 
 class Gateway:
@@ -168,8 +177,11 @@ class Gateway:
         if route == "/chat/completions":
             _allow(method, "POST")
             channel, agent = self._channel(path_key or _header_key(headers))
-            result = await self.completions(channel, agent, _json(body))
-            if result.request.stream:
+            request = parse_chat_request(_json(body))
+            if request.stream and self.completions.streams:
+                return Reply(200, b"", EVENTS, stream=await self.completions.stream(channel, agent, request))
+            result = await self.completions.answer(channel, agent, request)
+            if request.stream:
                 return Reply(200, completion_events(result), EVENTS)
             return Reply(200, completion_body(result))
         if route == "/models":
@@ -242,14 +254,19 @@ def build_app(gateway: Gateway) -> Any:
     """The ASGI app: every HTTP request goes to `gateway.handle` (Starlette's request and response,
     without a router or middleware: the gateway routes itself, and never lets an error escape)."""
     from starlette.requests import Request
-    from starlette.responses import Response
+    from starlette.responses import Response, StreamingResponse
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":  # lifespan and websockets: nothing to do
             return
         request = Request(scope, receive)
         reply = await gateway.handle(request.method, scope["path"], request.headers, await request.body())
-        await Response(reply.body, status_code=reply.status, media_type=reply.content_type)(scope, receive, send)
+        if reply.stream is not None:  # (a client that disconnects closes the stream: the engine drops the row)
+            response: Response = StreamingResponse(reply.stream, status_code=reply.status,
+                                                   media_type=reply.content_type)
+        else:
+            response = Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+        await response(scope, receive, send)
 
     return app
 
