@@ -61,7 +61,10 @@ class Reply:
 
 
 class Gateway:
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: AgentTuneConfig):
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: AgentTuneConfig, *, open_access: bool = False):
+        """`open_access`: any API key is accepted, each distinct one a conversation of its own (opened on
+        first use, never closed; `agenttune serve`). Otherwise only keys of open episodes are."""
+        self.open_access = open_access
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
@@ -70,7 +73,7 @@ class Gateway:
             engine, self.renderer, get_tool_parser(config.gateway.tool_parser),
             get_reasoning_parser(config.gateway.reasoning_parser),
             max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
-            max_turns=config.rollout.max_turns)
+            max_turns=None if open_access else config.rollout.max_turns)  # a served conversation is no episode
         self.model_name = config.model.path or "agenttune"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
@@ -194,9 +197,17 @@ class Gateway:
         raise GatewayError(404, f"No route {method} {path}. The gateway serves POST /v1/chat/completions, "
                                 "GET /v1/models and GET /health.", code="not_found")
 
+    def channels(self) -> list[EpisodeChannel]:
+        """The open episodes (in open access: every conversation so far), oldest first."""
+        return list(self._channels.values())
+
     def _channel(self, api_key: str | None) -> tuple[EpisodeChannel, str]:
         key, _, agent = (api_key or "").partition(".")
         channel = self._channels.get(key)
+        if channel is None and self.open_access:
+            key = key or "default"
+            channel = self._channels.get(key) or EpisodeChannel(self, key, key, self.default_sampling())
+            self._channels[key] = channel
         if channel is None:
             raise GatewayError(401, "Unknown or closed episode key. Send the key the episode was given "
                                     "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
