@@ -14,6 +14,7 @@ Two modes:
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,6 +68,33 @@ class OpenAIEngine(InferenceEngine):
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
         return _generation(choice, token_ids, logprobs, choice.get("text", ""))
 
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """Completions mode: the server's own stream (`stream: true`; vLLM sends each chunk's token ids
+        with `return_token_ids`), passed on as it comes. Chat mode answers whole."""
+        if self.wants_messages:
+            yield await self.generate(prompt_ids, sampling, request_id=request_id)
+            return
+        body = {"model": self.model_name, "prompt": list(prompt_ids), "logprobs": 1, "return_token_ids": True,
+                "stream": True, **_sampling_fields(sampling), **self.options.extra_body}
+        token_ids: list[int] = []
+        logprobs: list[Any] = []
+        texts: list[str] = []
+        last: dict[str, Any] = {}
+        async with self._client.stream("POST", "completions", json=body) as response:
+            if response.status_code >= 400:
+                raise RuntimeError(f"the model server at {self.options.base_url} answered {response.status_code}: "
+                                   f"{(await response.aread()).decode(errors='replace')[:500]}")
+            async for choice in _stream_choices(response):
+                last = choice
+                texts.append(choice.get("text") or "")
+                logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
+                new_ids = list(choice.get("token_ids") or [])
+                if new_ids:
+                    token_ids += new_ids
+                    yield new_ids
+        yield _generation(last, token_ids, logprobs if token_ids else None, "".join(texts))
+
     async def generate_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                             sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
         """Chat mode: the server renders the prompt. Returns the generation and the prompt ids, if sent."""
@@ -90,6 +118,21 @@ class OpenAIEngine(InferenceEngine):
             raise RuntimeError(f"the model server at {self.options.base_url} answered {response.status_code}: "
                                f"{response.text[:500]}")
         return response.json()
+
+
+async def _stream_choices(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The first choice of each server-sent event (usage-only chunks have none)."""
+    import json
+
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        choices = json.loads(data).get("choices") or []
+        if choices:
+            yield choices[0]
 
 
 def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
