@@ -149,3 +149,17 @@ async def test_engines_that_cannot_enforce_a_guide_count_it(tiny_tokenizer):
                                                                  tool_choice="required")
     assert reply.choices[0].message.content == "plain text"
     assert channel.metrics()["guide_not_enforced"] == 1
+
+
+async def test_a_reply_cut_off_inside_a_call_keeps_the_calls_it_finished(tiny_tokenizer):
+    first = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>'
+    cut = first + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    engine = ScriptedEngine([first + "\n" + first], tokenizer=tiny_tokenizer)
+    async with running_gateway(engine, config=tiny_config()) as gateway:
+        channel = gateway.open_episode("e")
+        reply = await client_for(channel).chat.completions.create(  # the budget ends inside the second call
+            model="m", messages=MESSAGES, tools=[WEATHER], max_tokens=len(tiny_tokenizer.encode(cut)))
+    assert reply.choices[0].finish_reason == "length"
+    [call] = reply.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Rome", "days": 2}
+    assert channel.metrics()["tool_call_errors"] == 1  # the cut call: still a madness signal

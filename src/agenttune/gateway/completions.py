@@ -254,7 +254,7 @@ class ChatCompletions:
         text = decoded.text
         if generation.finish_reason == "stop" and request.stop:
             text = _cut_at_stop(text, request.stop)
-        reply, parsed = self._reply(request, text, guided)
+        reply, parsed = self._reply(request, text, guided, truncated=generation.finish_reason == "length")
         self._check_madness(channel, request, decoded.text_ids, parsed)
         timeline.record(request, prompt, decoded.token_ids, generation.logprobs if exact else None, reply,
                         exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode,
@@ -273,7 +273,7 @@ class ChatCompletions:
         calls = reply.get("tool_calls")
         message = {**reply, "content": reply["content"] if (reply["content"] or not calls) else None}
         return ChatResult(request, result_id or random_id("chatcmpl-"), created or int(time.time()), message,
-                          "tool_calls" if calls else generation.finish_reason, len(prompt.ids),
+                          "tool_calls" if calls and not parsed.errors else generation.finish_reason, len(prompt.ids),
                           len(decoded.token_ids), logprobs)
 
     def _decode(self, channel: EpisodeChannel, generation: Generation, exact: bool) -> _Decoded:
@@ -286,7 +286,8 @@ class ChatCompletions:
         text_ids = token_ids[:-1] if ends_on_stop else token_ids
         return _Decoded(token_ids, text_ids, self.renderer.decode(text_ids), token_ids[-1] if ends_on_stop else None)
 
-    def _reply(self, request: ChatRequest, text: str, guided: bool = False) -> tuple[dict[str, Any], ToolParse]:
+    def _reply(self, request: ChatRequest, text: str, guided: bool = False, *,
+                truncated: bool = False) -> tuple[dict[str, Any], ToolParse]:
         """The assistant message: reasoning, content and tool calls read out of the text.
 
         A guided reply follows its grammar from the first token: it has no reasoning block (a
@@ -295,6 +296,8 @@ class ChatCompletions:
         split = self.reasoning_parser is not None and not guided
         reasoning, content = self.reasoning_parser.split(text) if split else (None, text)
         parsed = self.tool_parser.parse(content) if request.parses_tool_calls else ToolParse(content)
+        if parsed.errors and truncated:
+            parsed = self._complete_calls(content, parsed)
         reply: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         calls = parsed.calls if request.parallel_tool_calls else parsed.calls[:1]
         if calls:
@@ -302,6 +305,18 @@ class ChatCompletions:
         if reasoning:
             reply["reasoning_content"] = reasoning
         return reply, parsed
+
+    def _complete_calls(self, content: str, parsed: ToolParse) -> ToolParse:
+        """A reply the token budget cut off inside a tool call keeps the calls it finished (the cut one
+        is dropped, and still counted as a tool-call error); otherwise all of it stays text."""
+        end = getattr(self.tool_parser, "END", None)
+        finished = content.rfind(end) if end else -1
+        if finished < 0:
+            return parsed
+        complete = self.tool_parser.parse(content[:finished + len(end)])
+        if complete.errors or not complete.calls:
+            return parsed
+        return ToolParse(complete.content, complete.calls, parsed.errors)
 
     def _check_madness(self, channel: EpisodeChannel, request: ChatRequest, text_ids: list[int],
                        parsed: ToolParse) -> None:
