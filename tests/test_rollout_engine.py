@@ -461,20 +461,23 @@ async def test_tuner_endpoint_keys_and_framework_lookup(tokenizer):
 
 
 class OverflowWorkflow(Workflow):
-    """Keeps the conversation going until the gateway says it no longer fits, as the tuner documents."""
+    """Keeps the conversation going until the gateway refuses a call at a limit (the context no longer
+    fits, or the turns ran out) and returns normally, as the tuner documents."""
 
     async def execute(self, task, tuner):
         client = tuner.as_async_openai_client()
         messages = [{"role": "user", "content": task.query}]
+        stopped_by = None
         for _ in range(50):
             try:
                 reply = await client.chat.completions.create(model="m", messages=messages)
             except openai.BadRequestError as error:
-                assert error.code == "context_length_exceeded"
+                stopped_by = error.code
                 break
             messages += [reply.choices[0].message.model_dump(exclude_none=True),
                          {"role": "user", "content": "Tell me more about it, please."}]
-        return WorkflowOutput(reward=float(tuner.context_overflow), metadata={"turns": len(messages) // 2})
+        return WorkflowOutput(reward=float(tuner.context_overflow or tuner.turn_limit),
+                              metadata={"turns": len(messages) // 2, "stopped_by": stopped_by})
 
 
 @in_both
@@ -487,7 +490,7 @@ async def test_context_overflow_reaches_the_workflow_and_the_metrics(tokenizer, 
         episodes = await rollout.run_tasks(tasks("a"))
     for episode in episodes:
         assert episode.status is EpisodeStatus.OK and episode.reward == 1.0
-        assert 1 < episode.output["turns"] < 50
+        assert 1 < episode.output["turns"] < 50 and episode.output["stopped_by"] == "context_length_exceeded"
         assert episode.metrics["context_overflow"] == 1
     assert step_metrics(episodes)["overflow_rate"] == 1.0
 
@@ -514,8 +517,9 @@ async def test_episode_timings_are_recorded(tokenizer):
     assert episode.duration_s >= 0.05 and episode.metrics["workflow_s"] >= 0.05
 
 
-class RaisesOnOverflow(Workflow):
-    """An agent framework's behaviour (AgentScope 1.x/2.x): the gateway's 400 propagates out of the agent."""
+class TalksForever(Workflow):
+    """An agent framework's behaviour (AgentScope 1.x/2.x): it never stops on its own, and the gateway's
+    400 at a limit (context overflow, turn limit) propagates out of the agent."""
 
     async def execute(self, task, tuner):
         client = tuner.as_async_openai_client()
@@ -543,43 +547,13 @@ async def test_a_workflow_that_raises_on_context_overflow_ends_cleanly_with_its_
                                   "workflow_processes": processes, "context_overflow_reward": configured})
     engine = ScriptedEngine(["Some words about it."], tokenizer=tokenizer, cycle=True)
     async with running_gateway(engine, config=config) as gateway, \
-            RolloutEngine(config, gateway, RaisesOnOverflow, OverflowJudge()) as rollout:
+            RolloutEngine(config, gateway, TalksForever, OverflowJudge()) as rollout:
         episodes = await rollout.run_tasks(tasks("a"))
     for episode in episodes:
         assert episode.status is EpisodeStatus.CONTEXT_OVERFLOW and not episode.status.failed
         assert "context_length_exceeded" in episode.error or "maximum context length" in episode.error
         assert episode.samples and episode.samples[0].num_calls >= 2  # what was generated is kept
         assert episode.reward == (0.25 if configured is None else configured)
-
-
-class TalksForever(Workflow):
-    """An agent that never stops on its own: the gateway's turn limit ends it (the 400 propagates)."""
-
-    async def execute(self, task, tuner):
-        client = tuner.as_async_openai_client()
-        messages = [{"role": "user", "content": task.query}]
-        for _ in range(50):
-            reply = await client.chat.completions.create(model="m", messages=messages)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                         {"role": "user", "content": "Go on."}]
-            tuner.update_judge_input_dictionary(final_answer=reply.choices[0].message.content)
-        return WorkflowOutput(metadata={"final_answer": "never"})
-
-
-class StopsAtTheLimit(Workflow):
-    """An agent that catches the refusal and returns normally."""
-
-    async def execute(self, task, tuner):
-        client = tuner.as_async_openai_client()
-        messages = [{"role": "user", "content": task.query}]
-        for _ in range(50):
-            try:
-                reply = await client.chat.completions.create(model="m", messages=messages)
-            except openai.BadRequestError as error:
-                assert error.code == "max_turns_exceeded" and "rollout.max_turns" in error.message
-                break
-            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
-        return WorkflowOutput(reward=float(tuner.turn_limit), metadata={"calls": len(messages) // 2})
 
 
 @in_both
@@ -606,10 +580,10 @@ async def test_a_workflow_that_stops_at_the_turn_limit_ends_normally(tokenizer):
     config = tiny_config(rollout={"num_repeat": 1, "max_turns": 2})
     engine = ScriptedEngine(["Some words."], tokenizer=tokenizer, cycle=True)
     async with running_gateway(engine, config=config) as gateway, \
-            RolloutEngine(config, gateway, StopsAtTheLimit) as rollout:
+            RolloutEngine(config, gateway, OverflowWorkflow) as rollout:
         [episode] = await rollout.run_tasks(tasks("a"))
     assert episode.status is EpisodeStatus.OK and episode.reward == 1.0
-    assert episode.output["calls"] == 2 and episode.metrics["turn_limit"] == 1
+    assert episode.output == {"turns": 2, "stopped_by": "max_turns_exceeded"} and episode.metrics["turn_limit"] == 1
 
 
 async def test_the_turn_limit_counts_each_agent_and_calls_in_flight(tokenizer):
