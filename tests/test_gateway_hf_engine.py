@@ -98,7 +98,8 @@ async def test_stop_conditions(tiny_model, tiny_tokenizer, prompts):
 
 
 @pytest.mark.slow
-async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, tiny_tokenizer, prompts):
+async def test_requests_arriving_during_a_batch_join_it(tiny_model, tiny_tokenizer, prompts):
+    """Continuous batching: late requests join the running batch up to max_batch_size rows."""
     engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=16)
     sampling = SamplingParams(temperature=1.0, max_tokens=24)
     prompt_ids = ids(tiny_tokenizer, prompts[2])
@@ -107,11 +108,35 @@ async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, 
     later = [asyncio.create_task(engine.generate(prompt_ids, sampling)) for _ in range(30)]
     results = await asyncio.gather(*first, *later)
     assert all(len(result.token_ids) >= 1 for result in results)
-    assert engine.batch_sizes[0] == 10 and sorted(engine.batch_sizes[1:], reverse=True) == [16, 14]
-    # decode_steps (rows decoded, requests in flight): the 30 late requests waited while the first 10 decoded
-    assert engine.decode_steps[0][0] == 10
-    assert any(rows <= 10 and in_flight >= rows + 30 for rows, in_flight in engine.decode_steps)
-    assert all(rows <= in_flight for rows, in_flight in engine.decode_steps)
+    assert engine.batch_sizes[0] == 10 and engine.joined >= 6
+    assert sum(engine.batch_sizes) + engine.joined == 40
+    # decode_steps (rows decoded, requests in flight): the batch filled up to its cap while requests waited
+    assert engine.decode_steps[0][0] == 10 and max(rows for rows, _ in engine.decode_steps) == 16
+    assert all(rows <= min(in_flight, 16) for rows, in_flight in engine.decode_steps)
+    await engine.aclose()
+
+
+async def test_rows_that_join_a_running_batch_decode_exactly_as_alone(tiny_model, tiny_tokenizer, prompts):
+    """A joined row's KV cache is left-padded to the batch's (or the batch's to it): greedy tokens and
+    logprobs must be those of the model alone, for shorter and longer prompts than the batch's."""
+    import torch
+
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=8, batch_wait_ms=0)
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    early = [asyncio.create_task(engine.generate(ids(tiny_tokenizer, prompts[1]), greedy)) for _ in range(2)]
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    late_prompts = [prompts[0], prompts[3], prompts[2], prompts[1] + " More words." * 12]  # wider than the batch by then
+    late = [asyncio.create_task(engine.generate(ids(tiny_tokenizer, text), greedy)) for text in late_prompts]
+    results = await asyncio.gather(*early, *late)
+    assert engine.joined >= 1
+    for text, generation in zip([prompts[1]] * 2 + late_prompts, results, strict=True):
+        prompt_ids = ids(tiny_tokenizer, text)
+        reference = tiny_model.generate(torch.tensor([prompt_ids]), max_new_tokens=16, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)[0, len(prompt_ids):].tolist()
+        assert generation.token_ids == reference[: len(generation.token_ids)]
+        expected = model_logprobs(tiny_model, prompt_ids, generation.token_ids)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
     await engine.aclose()
 
 
@@ -190,4 +215,4 @@ async def test_requests_trickling_in_together_share_one_batch(tiny_model, tiny_t
     assert patient.batch_sizes == [12]
     eager = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
     await trickle(eager)
-    assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) == 12
+    assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) + eager.joined == 12

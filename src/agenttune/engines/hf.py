@@ -1,9 +1,11 @@
 """`hf`: a transformers causal LM on CPU or GPU that batches concurrent requests.
 
-Requests that arrive while a batch runs wait and form the next batch, so 64 concurrent episodes
-share forward passes instead of running one by one. Each batch is left-padded and decoded step by
-step with a KV cache; every row has its own temperature, top-p, top-k, stop tokens, stop strings and
-budget, and leaves the batch (and returns to its caller) as soon as it finishes.
+Concurrent requests share forward passes: a batch is left-padded and decoded step by step with a
+KV cache; every row has its own temperature, top-p, top-k, stop tokens, stop strings, guide and
+budget, and leaves the batch (and returns to its caller) as soon as it finishes. Requests that
+arrive while a batch decodes join it at the next step (continuous batching, up to `max_batch_size`
+rows): their prompts are prefilled together and their KV cache is left-padded to the batch's and
+appended — a multi-turn agent's second turn does not wait for the other episodes' first turns.
 
 The engine can share an already-loaded model (the local backbone trains the same object in
 process, so rollouts always see the current weights without a copy).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,11 +77,13 @@ class HFEngine(InferenceEngine):
         self.eos_ids = stop_token_set((), eos, tokenizer.eos_token_id)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
+        self.joined = 0  # requests that joined a batch already decoding (continuous batching)
         # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
         # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
         self.decode_steps: list[tuple[int, int]] = []
         self._grammars: GrammarBook | None = None
         self._pending: list[_Request] = []
+        self._pending_lock = threading.Lock()  # appended on the event loop, taken by the decode thread
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
@@ -122,7 +127,8 @@ class HFEngine(InferenceEngine):
         if sampling.guide is not None:
             request.matcher = self.grammars.matcher(sampling.guide)
         self._ensure_worker(loop)
-        self._pending.append(request)
+        with self._pending_lock:
+            self._pending.append(request)
         self._wakeup.set()
         return request
 
@@ -155,8 +161,7 @@ class HFEngine(InferenceEngine):
             self._wakeup.clear()
             await self._gather()
             while self._pending:
-                batch = [request for request in self._pending[: self.max_batch_size] if not request.future.done()]
-                del self._pending[: self.max_batch_size]
+                batch = self._take_pending(self.max_batch_size)  # (rows that join later are added to it)
                 if not batch:
                     continue
                 self.batch_sizes.append(len(batch))
@@ -185,6 +190,13 @@ class HFEngine(InferenceEngine):
             seen = len(self._pending)
             await asyncio.sleep(self.batch_wait_s)
 
+    def _take_pending(self, room: int) -> list[_Request]:
+        """Up to `room` waiting requests whose callers still wait (either thread)."""
+        with self._pending_lock:
+            taken = [request for request in self._pending[:room] if not request.future.done()]
+            del self._pending[:room]
+        return taken
+
     # -- one batch (worker-thread side) -------------------------------------------------------------
     def _run_batch(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
@@ -197,13 +209,19 @@ class HFEngine(InferenceEngine):
             loop.call_soon_threadsafe(_resolve, request, finish)
 
     def _decode(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> list[tuple[_Request, FinishReason]]:
-        """Decode until every row finished; answer rows as they finish, except the last ones (returned)."""
+        """Decode until every row finished; answer rows as they finish, except the last ones (returned).
+
+        Continuous batching: after each step, requests that arrived meanwhile join (their prompts
+        prefilled together, their KV cache left-padded to the batch's and appended), up to
+        `max_batch_size` rows; a finished row leaves at once. Joined requests are added to `batch`.
+        """
         import torch
 
         device = self.model.device
         logits, cache, attention, next_positions = self._prefill(batch, device)
         active = list(batch)
         generators = _generators(active, device)
+        joinable = _joinable(cache)
         while True:
             self.decode_steps.append((len(active), len(active) + len(self._pending)))
             matchers = [request.matcher for request in active]
@@ -240,6 +258,15 @@ class HFEngine(InferenceEngine):
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
             logits = self._forward(tokens[:, None], attention, next_positions, cache)
             next_positions = next_positions + 1
+            newcomers = self._take_pending(self.max_batch_size - len(active)) if joinable and self._pending else []
+            if newcomers:
+                new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
+                attention = _join_caches(cache, attention, new_cache, new_attention)
+                logits, next_positions = torch.cat([logits, new_logits]), torch.cat([next_positions, new_positions])
+                active += newcomers
+                batch += newcomers
+                generators.update(_generators(newcomers, device))
+                self.joined += len(newcomers)
 
     def _prefill(self, batch: list[_Request], device: Any) -> tuple[Any, Any, Any, Any]:
         """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions)."""
@@ -272,6 +299,36 @@ class HFEngine(InferenceEngine):
         if len(request.prompt_ids) + len(request.token_ids) >= self.max_model_len:
             return "length"
         return None
+
+
+def _joinable(cache: Any) -> bool:
+    """Whether rows can join this cache: plain per-layer key/value tensors (no sliding windows,
+    no quantized or offloaded layers), which left-padding and concatenation keep exact."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any) -> Any:
+    """Append `new_cache`'s rows to `cache` (in place), both left-padded to the longer one; returns the
+    joined attention mask. Padding positions are masked out, so they change no row's attention."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(attention.shape[1], new_attention.shape[1])
+
+    def padded(tensor: Any, dim_from_end: int) -> Any:
+        missing = width - tensor.shape[-dim_from_end]
+        if not missing:
+            return tensor
+        pad = [0, 0] * (dim_from_end - 1) + [missing, 0]  # F.pad counts dimensions from the last one
+        return F.pad(tensor, pad)
+
+    for layer, new_layer in zip(cache.layers, new_cache.layers, strict=True):
+        layer.keys = torch.cat([padded(layer.keys, 2), padded(new_layer.keys, 2)])
+        layer.values = torch.cat([padded(layer.values, 2), padded(new_layer.values, 2)])
+    return torch.cat([padded(attention, 1), padded(new_attention, 1)])
 
 
 def _resolve(request: _Request, finish: FinishReason) -> None:
