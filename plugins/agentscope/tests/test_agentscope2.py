@@ -171,7 +171,9 @@ async def test_agentscope2s_own_model_against_agenttune_serve(tmp_path, stream):
     from agentscope.agent import InjectionConfig
     from agentscope.credential import OpenAICredential
     from agentscope.model import OpenAIChatModel
-    from conftest import frameworks, make_config
+    from agentscope.permission import PermissionContext, PermissionMode
+    from agentscope.state import AgentState
+    from conftest import make_config
 
     from agenttune.rollout_log import read_records
     from agenttune.serve import serve
@@ -185,8 +187,10 @@ async def test_agentscope2s_own_model_against_agenttune_serve(tmp_path, stream):
                             model="tiny", stream=stream)
     assert model.stream is stream
     calls: list[tuple[int, int]] = []
-    frameworks(tmp_path)  # the plugin's headless defaults (tools run without asking a human), as in training
-    agent = make_agent(model, [add_tool(calls)], injection_config=InjectionConfig(inject_runtime_state=False))
+    # A model agenttune did not make gets no headless defaults: the agent says so itself.
+    headless = AgentState(permission_context=PermissionContext(mode=PermissionMode("bypass")))
+    agent = make_agent(model, [add_tool(calls)], injection_config=InjectionConfig(inject_runtime_state=False),
+                       state=headless)
 
     reply = await agent.reply(user("What is 2 + 3?"))
 
