@@ -216,3 +216,26 @@ async def test_requests_trickling_in_together_share_one_batch(tiny_model, tiny_t
     eager = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
     await trickle(eager)
     assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) + eager.joined == 12
+
+
+async def test_a_kv_cache_budget_sizes_the_batch(tiny_model, tiny_tokenizer, prompts):
+    """max_batch_tokens: rows x the longest row's prompt + max_tokens stays within it; the rest wait and join."""
+    prompt_ids = ids(tiny_tokenizer, prompts[2])
+    sampling = SamplingParams(temperature=1.0, max_tokens=12)
+    reserved = len(prompt_ids) + 12
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=64, max_batch_tokens=3 * reserved + 1)
+    results = await asyncio.gather(*(engine.generate(prompt_ids, sampling) for _ in range(8)))
+    assert all(result.token_ids for result in results)
+    assert max(rows for rows, _ in engine.decode_steps) == 3 and engine.batch_sizes[0] == 3
+    lone = HFEngine(tiny_model, tiny_tokenizer, max_batch_tokens=1)  # a request larger than the budget still runs
+    assert (await lone.generate(prompt_ids, sampling)).token_ids
+    await engine.aclose()
+    await lone.aclose()
+
+
+def test_the_kv_memory_fraction_only_applies_on_cuda(tiny_model, tiny_tokenizer):
+    config = tiny_config(engine={"type": "hf", "kv_cache_memory_fraction": 0.5})
+    engine = build_engine(config, tiny_tokenizer, model=tiny_model)
+    assert engine.max_batch_tokens is None  # CPU: max_batch_size alone
+    config = tiny_config(engine={"type": "hf", "max_batch_tokens": 4096})
+    assert build_engine(config, tiny_tokenizer, model=tiny_model).max_batch_tokens == 4096

@@ -39,6 +39,15 @@ class HFOptions(BaseModel):
 
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N (ignored when a model is shared).")
     max_batch_size: int = Field(default=64, gt=0, description="Most requests decoded together in one batch.")
+    max_batch_tokens: int | None = Field(
+        default=None, gt=0,
+        description="KV-cache budget in tokens: a request joins a batch only while rows x the longest row's "
+                    "prompt + max_tokens fits (left-padded rows are as long as the longest). None: "
+                    "kv_cache_memory_fraction decides on CUDA, max_batch_size alone elsewhere.")
+    kv_cache_memory_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="On CUDA: the share of the GPU memory free when the engine starts that the KV cache may "
+                    "use; it sets max_batch_tokens from the model's KV bytes per token. Ignored on CPU.")
     batch_wait_ms: float = Field(
         default=2.0, ge=0,
         description="Before a batch starts, how long to wait for the next request to arrive: requests sent "
@@ -66,11 +75,13 @@ class HFEngine(InferenceEngine):
     Options: ClassVar[type[BaseModel]] = HFOptions
     enforces_guides: ClassVar[bool] = True
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_model_len: int | None = None,
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_batch_tokens: int | None = None,
+                 max_model_len: int | None = None,
                  batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.batch_wait_s, self.max_batch_wait_s = batch_wait_ms / 1000, max_batch_wait_ms / 1000
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None) or 1 << 30
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -94,7 +105,9 @@ class HFEngine(InferenceEngine):
             from agenttune.model_loading import load_model
 
             model = load_model(config.model, device=options.device)
-        return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_model_len=config.model.max_model_len,
+        budget = options.max_batch_tokens or _kv_budget_tokens(model, options.kv_cache_memory_fraction)
+        return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_batch_tokens=budget,
+                   max_model_len=config.model.max_model_len,
                    batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
@@ -161,7 +174,7 @@ class HFEngine(InferenceEngine):
             self._wakeup.clear()
             await self._gather()
             while self._pending:
-                batch = self._take_pending(self.max_batch_size)  # (rows that join later are added to it)
+                batch = self._take_pending([])  # (rows that join later are added to it)
                 if not batch:
                     continue
                 self.batch_sizes.append(len(batch))
@@ -190,11 +203,23 @@ class HFEngine(InferenceEngine):
             seen = len(self._pending)
             await asyncio.sleep(self.batch_wait_s)
 
-    def _take_pending(self, room: int) -> list[_Request]:
-        """Up to `room` waiting requests whose callers still wait (either thread)."""
+    def _take_pending(self, active: list[_Request]) -> list[_Request]:
+        """The waiting requests that fit beside `active` (rows and KV-cache budget), in arrival order;
+        requests whose callers gave up are dropped. Called from either thread."""
+        taken: list[_Request] = []
+        longest = max((_reserved(request) for request in active), default=0)
         with self._pending_lock:
-            taken = [request for request in self._pending[:room] if not request.future.done()]
-            del self._pending[:room]
+            while self._pending and len(active) + len(taken) < self.max_batch_size:
+                request = self._pending[0]
+                if request.future.done():
+                    self._pending.pop(0)
+                    continue
+                wider = max(longest, _reserved(request))
+                if self.max_batch_tokens and (active or taken) and \
+                        (len(active) + len(taken) + 1) * wider > self.max_batch_tokens:
+                    break  # it waits for rows to leave (a lone request always runs)
+                longest = wider
+                taken.append(self._pending.pop(0))
         return taken
 
     # -- one batch (worker-thread side) -------------------------------------------------------------
@@ -258,7 +283,7 @@ class HFEngine(InferenceEngine):
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
             logits = self._forward(tokens[:, None], attention, next_positions, cache)
             next_positions = next_positions + 1
-            newcomers = self._take_pending(self.max_batch_size - len(active)) if joinable and self._pending else []
+            newcomers = self._take_pending(active) if joinable and self._pending else []
             if newcomers:
                 new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
                 attention = _join_caches(cache, attention, new_cache, new_attention)
@@ -299,6 +324,25 @@ class HFEngine(InferenceEngine):
         if len(request.prompt_ids) + len(request.token_ids) >= self.max_model_len:
             return "length"
         return None
+
+
+def _reserved(request: _Request) -> int:
+    """The KV-cache length a request may reach: its prompt and its token budget."""
+    return len(request.prompt_ids) + request.sampling.max_tokens
+
+
+def _kv_budget_tokens(model: Any, fraction: float | None) -> int | None:
+    """`fraction` of the free GPU memory, in tokens of this model's KV cache (None off CUDA)."""
+    import torch
+
+    if fraction is None or model.device.type != "cuda":
+        return None
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * heads * head_dim * model.dtype.itemsize  # keys and values
+    free, _ = torch.cuda.mem_get_info(model.device)
+    return int(free * fraction // per_token)
 
 
 def _joinable(cache: Any) -> bool:
