@@ -239,3 +239,36 @@ def test_the_kv_memory_fraction_only_applies_on_cuda(tiny_model, tiny_tokenizer)
     assert engine.max_batch_tokens is None  # CPU: max_batch_size alone
     config = tiny_config(engine={"type": "hf", "max_batch_tokens": 4096})
     assert build_engine(config, tiny_tokenizer, model=tiny_model).max_batch_tokens == 4096
+
+
+async def test_a_seeded_request_samples_the_same_alone_or_joining_a_busy_batch(tiny_model, tiny_tokenizer, prompts):
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    prompt_ids = ids(tiny_tokenizer, prompts[3])
+    alone_engine = HFEngine(tiny_model, tiny_tokenizer)
+    alone = await alone_engine.generate(prompt_ids, seeded)
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
+    busy = [asyncio.create_task(engine.generate(ids(tiny_tokenizer, prompts[1]), SamplingParams(max_tokens=40)))
+            for _ in range(4)]
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    joined = await engine.generate(prompt_ids, seeded)
+    await asyncio.gather(*busy)
+    assert engine.joined == 1 and joined.token_ids == alone.token_ids
+    await alone_engine.aclose()
+    await engine.aclose()
+
+
+async def test_a_cancelled_request_frees_its_slot_for_a_waiting_one(tiny_model, tiny_tokenizer, prompts):
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=2, batch_wait_ms=0)
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    long = SamplingParams(temperature=0, max_tokens=400)  # (this greedy reply never reaches a stop token)
+    doomed, busy = (asyncio.create_task(engine.generate(prompt_ids, long)) for _ in range(2))
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    waiting = asyncio.create_task(engine.generate(prompt_ids, SamplingParams(max_tokens=3)))
+    await asyncio.sleep(0.02)
+    doomed.cancel()
+    assert len((await asyncio.wait_for(waiting, timeout=30)).token_ids) <= 3
+    assert not busy.done() and engine.joined == 1  # it took the cancelled row's place in the running batch
+    busy.cancel()
+    await engine.aclose()
