@@ -62,9 +62,12 @@ class CalcAgent(Workflow):
             if delta is None:
                 continue
             content += delta.content or ""
-            for call in delta.tool_calls or []:
-                calls[call.index] = {"id": call.id, "type": "function",
-                                     "function": {"name": call.function.name, "arguments": call.function.arguments}}
+            for call in delta.tool_calls or []:  # the id and name first, then argument fragments (OpenAI's shape)
+                entry = calls.setdefault(call.index, {"id": "", "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                entry["id"] += call.id or ""
+                entry["function"]["name"] += call.function.name or ""
+                entry["function"]["arguments"] += call.function.arguments or ""
         message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = [calls[index] for index in sorted(calls)]

@@ -8,6 +8,7 @@ answering `/health` afterwards. Each found bug is pinned by an explicit example 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import threading
@@ -39,8 +40,12 @@ class LiveGateway:
 
     def handle(self, body: bytes, key: str | None = None, path: str = "/v1/chat/completions") -> Any:
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        call = self.gateway.handle("POST", path, headers, body)
-        return asyncio.run_coroutine_threadsafe(call, self.loop).result(timeout=60)
+
+        async def whole() -> Any:  # a streamed reply read to its end, as a client would
+            reply = await self.gateway.handle("POST", path, headers, body)
+            return dataclasses.replace(reply, body=await reply.read(), stream=None)
+
+        return asyncio.run_coroutine_threadsafe(whole(), self.loop).result(timeout=60)
 
     def open(self) -> str:
         return self.gateway.open_episode("fuzz").key

@@ -111,19 +111,23 @@ def test_fuzzed_requests_get_no_server_error(server, body, key):
 
 def test_stopping_writes_every_conversation_to_the_rollout_log(server):
     base_url, run_dir, process = server
-    openai.OpenAI(base_url=base_url, api_key="last-words", max_retries=0).chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "Bye"}])
+    client = openai.OpenAI(base_url=base_url, api_key="last-words", max_retries=0)
+    client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Bye"}])
+    streamed = openai.OpenAI(base_url=base_url, api_key="streamed", max_retries=0)
+    list(streamed.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}], stream=True))
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 0
     [log] = (run_dir / "rollouts").glob("step_*_serve.jsonl")
     records = {record.episode_id: record for record in read_records(log)}
-    assert {"sync-conversation", "async-conversation", "guided", "last-words"} <= set(records)
+    assert {"last-words", "streamed"} <= set(records)  # (and the other tests' conversations, in this process)
+    streamed_record = records["streamed"]
+    assert streamed_record.messages[0] == {"role": "user", "content": "Hi"}
+    assert streamed_record.messages[-1]["role"] == "assistant" and streamed_record.metrics["calls"] == 1
     last = records["last-words"]
-    assert last.messages[0] == {"role": "user", "content": "Bye"} and last.messages[-1]["role"] == "assistant"
+    assert last.metrics["calls"] == 1
     [sample] = last.samples
     assert sample.response_tokens and len(sample.response_tokens) == len(sample.response_ids)
     assert sum(sample.loss_mask) == last.metrics["generated_tokens"]
-    assert records["async-conversation"].metrics["calls"] == 2
     [run] = Catalog(run_dir).runs()  # what `agenttune logview <run_dir>` lists
     assert [(step.step, step.split) for step in run.steps] == [(0, "serve")]
 
