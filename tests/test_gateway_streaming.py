@@ -142,3 +142,18 @@ async def test_refusals_before_a_stream_keep_their_status_and_failures_during_it
         with pytest.raises(openai.BadRequestError, match="maximum context length"):  # a 400, not a stream
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "word " * 400}],
                                                  stream=True)
+
+
+def test_a_reply_that_starts_inside_a_think_block_the_template_opened_streams_as_reasoning():
+    """Templates that open `<think>` in the prompt (Qwen3-style): the reply only closes it."""
+    from agenttune.gateway.reasoning import ThinkParser
+    from agenttune.gateway.streaming import DeltaStream
+
+    text = "\nweigh it up\n</think>\n\nThe answer."
+    stream = DeltaStream(reasoning=ThinkParser(), tool_start=None, stops=(), prompt_opens_thinking=True)
+    deltas = [delta for end in range(1, len(text) + 1) for delta in stream.push(text[:end])]
+    reasoning, content = ThinkParser().split(text)
+    deltas += stream.finish({"content": content, "reasoning_content": reasoning})
+    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == reasoning == "weigh it up"
+    assert "".join(delta.get("content", "") for delta in deltas) == content == "The answer."
+    assert not stream.mismatch and len(deltas) > 4

@@ -28,7 +28,8 @@ class DeltaStream:
         self.tool_start = tool_start
         self.stops = stops
         self.in_reasoning = reasoning is not None and prompt_opens_thinking
-        self.decided = not (reasoning is not None) or prompt_opens_thinking  # whether the reply opens <think>
+        self.decided = reasoning is None or prompt_opens_thinking  # known whether the reply opens <think>
+        self.answer_offset = 0  # where the answer starts in the text, once `</think>` closed the reasoning
         self.sent = {"reasoning_content": "", "content": ""}
         self.mismatch = False
 
@@ -59,8 +60,8 @@ class DeltaStream:
         return deltas + self._content(text)
 
     def _content(self, text: str) -> list[dict[str, Any]]:
-        answer = text[getattr(self, "answer_offset", 0):]
-        if getattr(self, "answer_offset", 0):
+        answer = text[self.answer_offset:]
+        if self.answer_offset:
             answer = answer.lstrip("\n")
         markers = self.stops + ((self.tool_start,) if self.tool_start else ())
         cut = min((at for at in (answer.find(marker) for marker in markers) if at >= 0), default=-1)
