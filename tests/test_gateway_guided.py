@@ -17,6 +17,7 @@ import pytest
 
 from agenttune.engines import build_engine
 from agenttune.engines.scripted import ScriptedEngine
+from agenttune.gateway.protocol import parse_chat_request
 from agenttune.testing.gateways import running_gateway, tiny_config
 
 WEATHER = {"type": "function", "function": {
@@ -127,6 +128,22 @@ async def test_forced_tokens_are_not_trained_and_logprobs_are_the_masked_distrib
                                                           strict=True)):
         if mask:  # masking renormalises over fewer tokens: never less likely than unmasked
             assert logprob < 0 and logprob >= own[start + position - 1, token].item() - 1e-4
+    # Exactly the distribution sampled from: replay the grammar independently (a fresh xgrammar matcher
+    # on the same guide), mask the teacher-forced logits, renormalise (temperature 1), compare.
+    import xgrammar
+
+    sampling = gateway.completions._sampling(channel, parse_chat_request(
+        {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": named}))
+    book = gateway.engine.grammars
+    matcher, logits = book.matcher(sampling.guide), tiny_model(ids).logits[0].float().detach()
+    bitmask = xgrammar.allocate_token_bitmask(1, book.vocab_size)
+    for position, token in enumerate(sample.response_ids):
+        row = logits[start + position - 1].clone()[None, : book.vocab_size].contiguous()
+        matcher.fill_next_token_bitmask(bitmask)
+        xgrammar.apply_token_bitmask_inplace(row, bitmask)
+        expected = torch.log_softmax(row[0], -1)[token].item()
+        assert sample.logprobs[position] == pytest.approx(expected, abs=1e-4)
+        assert matcher.accept_token(token)
 
 
 async def test_an_impossible_tool_choice_is_a_clear_400(gateway):
