@@ -125,3 +125,26 @@ async def test_one_gateway_s_keys_do_not_open_another():
         response = await client.post(f"{second.base_url}/chat/completions", json=CHAT,
                                      headers={"Authorization": f"Bearer {key}"})
         assert response.status_code == 401
+
+
+async def test_open_access_on_another_host_says_that_any_key_is_accepted():
+    from agenttune.gateway import Gateway
+
+    with structlog.testing.capture_logs() as logs:
+        async with Gateway(engine(), tiny_tokenizer(), tiny_config(gateway={"host": "0.0.0.0"}), open_access=True):
+            pass
+    [warning] = [entry["event"] for entry in logs if entry["log_level"] == "warning"]
+    assert "not on loopback" in warning and "every API key is accepted" in warning
+    assert "only protection" not in warning
+
+
+async def test_a_port_in_use_is_a_clear_error_not_an_exit():
+    from agenttune.errors import UserError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserError, match=f"could not listen on 127.0.0.1:{port}"):  # not uvicorn's SystemExit(3)
+            async with running_gateway(engine(), config=tiny_config(gateway={"port": port})):
+                pass

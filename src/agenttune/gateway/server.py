@@ -93,7 +93,7 @@ class Gateway:
         self._server = _embedded_server(uvicorn.Config(
             build_app(self), host=settings.host, port=settings.port, log_level="warning", access_log=False,
             lifespan="off", timeout_keep_alive=30))
-        self._serving = asyncio.create_task(self._server.serve(), name="agenttune-gateway")
+        self._serving = asyncio.create_task(_serve(self._server), name="agenttune-gateway")
         while not self._server.started:
             if self._serving.done():
                 error = self._serving.exception() if not self._serving.cancelled() else None
@@ -104,7 +104,7 @@ class Gateway:
             await asyncio.sleep(0.005)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         if not is_loopback(settings.host):
-            log.warning(exposure_warning(settings.host, self.port))
+            log.warning(exposure_warning(settings.host, self.port, any_key=self.open_access))
         return self
 
     async def stop(self) -> None:
@@ -215,11 +215,12 @@ class Gateway:
         return channel, agent or DEFAULT_AGENT
 
 
-def exposure_warning(host: str, port: int) -> str:
+def exposure_warning(host: str, port: int, *, any_key: bool = False) -> str:
+    protection = ("every API key is accepted (agenttune serve), so nothing protects it" if any_key else
+                  "the episode keys (sent in clear text over HTTP) are the only protection")
     return (f"WARNING: the gateway listens on {host}:{port}, not on loopback: anyone who can reach this machine "
-            "can talk to the model under training, and the episode keys (sent in clear text over HTTP) are the "
-            "only protection. Keep gateway.host: 127.0.0.1 unless agents on other machines must reach it, "
-            "and then only on a trusted network.")
+            f"can talk to the model under training, and {protection}. Keep gateway.host: 127.0.0.1 unless "
+            "agents on other machines must reach it, and then only on a trusted network.")
 
 
 def _allow(method: str, allowed: str) -> None:
@@ -280,6 +281,14 @@ def build_app(gateway: Gateway) -> Any:
         await response(scope, receive, send)
 
     return app
+
+
+async def _serve(server: Any) -> None:
+    """uvicorn exits the process (SystemExit) when it cannot bind: here that is an error `start` reports."""
+    try:
+        await server.serve()
+    except SystemExit:
+        raise OSError("the address is in use or cannot be bound (uvicorn could not start)") from None
 
 
 def _embedded_server(config: Any) -> Any:
