@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import secrets
@@ -41,6 +42,7 @@ from agenttune.loopback import is_loopback
 log = structlog.get_logger("agenttune.gateway")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_NAME = re.compile(r"[A-Za-z0-9_.:@+=-]{1,40}")  # an API key that reads like a conversation's name
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or a raw UTF-16 surrogate
 JSON = "application/json"
 EVENTS = "text/event-stream"
@@ -206,13 +208,22 @@ class Gateway:
         channel = self._channels.get(key)
         if channel is None and self.open_access:
             key = key or "default"
-            channel = self._channels.get(key) or EpisodeChannel(self, key, key, self.default_sampling())
+            channel = self._channels.get(key) or EpisodeChannel(self, conversation_name(key), key,
+                                                                self.default_sampling())
             self._channels[key] = channel
         if channel is None:
             raise GatewayError(401, "Unknown or closed episode key. Send the key the episode was given "
                                     "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
                                code="invalid_api_key")
         return channel, agent or DEFAULT_AGENT
+
+
+def conversation_name(key: str) -> str:
+    """The episode id of an open-access conversation: its key when that reads like a name; a digest when
+    the key may be a secret (a provider key left in the agent's environment must not reach the log)."""
+    if _NAME.fullmatch(key) and not key.lower().startswith(("sk-", "sk_")):
+        return key
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def exposure_warning(host: str, port: int, *, any_key: bool = False) -> str:
