@@ -136,3 +136,15 @@ def test_bad_input_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "agenttune", "serve", "--conf", str(tmp_path / "missing.yaml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_flags_reach_the_config_as_strings_and_numbers_as_meant(tmp_path):
+    from agenttune.cli.serve_cmd import serve_overrides
+    from agenttune.config_loader import load_config
+
+    config = load_config(None, serve_overrides(None, "007", "127.0.0.1", 0, ["rollout.max_turns=3"]))
+    assert config.model.path == "007" and config.gateway.port == 0 and config.rollout.max_turns == 3
+    assert load_config(None, serve_overrides(None, None, "127.0.0.1", 9000, [])).model.path == "tiny://default"
+    conf = tmp_path / "c.yaml"
+    conf.write_text("model:\n  path: tiny://other\n")
+    assert load_config(conf, serve_overrides(conf, None, "127.0.0.1", 9000, [])).model.path == "tiny://other"

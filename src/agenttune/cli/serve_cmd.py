@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
+
+
+def serve_overrides(conf: Path | None, model: str | None, host: str, port: int, overrides: list[str]) -> list[str]:
+    """The flags as overrides, after the user's. Values are JSON-quoted: an override value is read as
+    YAML, where a model directory named `007` or `yes` would become a number or a boolean."""
+    model = model or (None if conf else "tiny://default")
+    flags = {"model.path": model, "gateway.host": host, "gateway.port": port}
+    return [*overrides, *(f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None)]
 
 
 def register(app: typer.Typer) -> None:
@@ -31,11 +40,7 @@ def serve(
     from agenttune.run import prepare_run
     from agenttune.serve import serve as serve_forever
 
-    fixed = {"model.path": model} if model else {}
-    if conf is None and not model:
-        fixed["model.path"] = "tiny://default"
-    config = load_config(conf, [*(overrides or []), *(f"{key}={value}" for key, value in fixed.items()),
-                                f"gateway.host={host}", f"gateway.port={port}"])
+    config = load_config(conf, serve_overrides(conf, model, host, port, overrides or []))
     run = prepare_run(config, run_dir)
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line each: scripts read the URL
 
