@@ -272,3 +272,49 @@ async def test_a_cancelled_request_frees_its_slot_for_a_waiting_one(tiny_model, 
     assert not busy.done() and engine.joined == 1  # it took the cancelled row's place in the running batch
     busy.cancel()
     await engine.aclose()
+
+
+async def test_a_weight_update_mid_generation_is_recorded_per_token(tiny_model, tiny_tokenizer, prompts):
+    """Asynchronous training: the engine samples from its own copy; an update lands between two decode
+    steps, the request goes on with the new weights, and every token records the version that sampled it."""
+    import copy
+
+    import torch
+
+    engine = HFEngine(copy.deepcopy(tiny_model).requires_grad_(False), tiny_tokenizer)
+    prompt_ids = ids(tiny_tokenizer, prompts[1])
+    greedy = SamplingParams(temperature=0, max_tokens=48, stop_token_ids=[])
+    engine.update_weights(tiny_model, 0)  # a copy of the same weights: version 0
+    alone = await engine.generate(prompt_ids, greedy)
+    assert alone.versions == [0] * len(alone.token_ids)
+
+    trained = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    received: list[int] = []
+    generation = None
+    async for item in engine.generate_stream(prompt_ids, greedy):
+        if isinstance(item, list):
+            received += item
+            if len(received) == 3:
+                await asyncio.to_thread(engine.update_weights, trained, 1)
+        else:
+            generation = item
+    versions = generation.versions
+    switch = versions.index(1)
+    assert 3 <= switch < len(versions) and versions == [0] * switch + [1] * (len(versions) - switch)
+    assert generation.token_ids[:switch] == alone.token_ids[:switch]  # the old weights, greedily, until the switch
+    assert generation.token_ids != alone.token_ids  # then the new ones
+    for mine, theirs in zip(engine.model.parameters(), trained.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert next(tiny_model.parameters()).requires_grad  # the trained model is left as it was
+    await engine.aclose()
+
+
+def test_a_weight_update_from_another_architecture_is_refused(tiny_model, tiny_tokenizer):
+    import torch
+
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    with pytest.raises(ValueError, match="not a copy of the trained model"):
+        engine.update_weights(torch.nn.Linear(2, 2), 1)

@@ -179,6 +179,18 @@ class TrainerConfig(Section):
     seed: int = Field(default=42, description="Seed for data order, sampling and initialisation.")
     n_gpus_per_node: int = Field(default=1, ge=0, description="GPUs per node (cluster backbones).")
     nnodes: int = Field(default=1, gt=0, description="Nodes (cluster backbones).")
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        default="sync", description="sync: roll out a batch, then train on it. async: groups for later steps roll out "
+        "while a step trains, from the engine's own copy of the weights (refreshed after every update, also "
+        "mid-episode), within `max_staleness`. one_step_off: async with max_staleness 1 (verl's one-step off-policy).")
+    max_staleness: int = Field(
+        default=1, ge=0, description="async: the most policy versions a trained token may lag behind the weights being "
+        "trained; groups with older tokens are dropped and counted (async/dropped_groups).")
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """How many versions rollouts may run ahead of training; None: synchronous."""
+        return {"sync": None, "one_step_off": 1}.get(self.mode, self.max_staleness)
 
 
 class WarmupConfig(Section):

@@ -55,6 +55,9 @@ class Generation:
     `text` is only set by engines that cannot return ids (then the episode is not trainable).
     `forced[i]` is True where a guide allowed only `token_ids[i]`: it was not a choice of the model,
     so it is not trained on (loss mask 0). None: nothing was forced.
+    `versions[i]` is the policy version (optimizer updates applied to the weights) that sampled
+    `token_ids[i]`: a weight update can land mid-generation in asynchronous training. None: the engine
+    does not track versions.
     """
 
     token_ids: list[int]
@@ -63,6 +66,7 @@ class Generation:
     text: str | None = None
     metadata: dict[str, object] = field(default_factory=dict)
     forced: list[bool] | None = None
+    versions: list[int] | None = None
 
 
 class InferenceEngine:
@@ -84,6 +88,9 @@ class InferenceEngine:
     # True: `SamplingParams.guide` is enforced while decoding. False: the gateway counts the request
     # as `guide_not_enforced` and the reply may break the grammar.
     enforces_guides: ClassVar[bool] = False
+    # True: `update_weights` copies a trainer's weights into the engine's own, between decode steps,
+    # and generations report per-token `versions` (asynchronous training needs both).
+    updates_weights: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
@@ -107,6 +114,11 @@ class InferenceEngine:
         the request. This default streams nothing until the end (engines that cannot stream).
         """
         yield await self.generate(prompt_ids, sampling, request_id=request_id)
+
+    def update_weights(self, model: Any, version: int) -> None:  # pragma: no cover - abstract
+        """Load `model`'s weights as policy `version`; blocks until no decode step uses the old ones
+        (call it from a thread: in-flight requests go on with the new weights at their next token)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take weight updates (updates_weights is False)")
 
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

@@ -57,6 +57,10 @@ class Sample(BaseModel):
     engine_logprobs: bool = Field(
         default=True, description="False: the engine reports no logprobs (it declares so); `logprobs` holds "
                                   "placeholders and the trainer recomputes them.")
+    policy_versions: list[int] | None = Field(
+        default=None, description="Aligned with `response_ids`: the policy version (optimizer updates) that "
+                                  "sampled each generated token, -1 for context tokens. None: the engine does "
+                                  "not track versions.")
 
     def model_post_init(self, _context: Any) -> None:
         n = len(self.response_ids)
@@ -65,6 +69,14 @@ class Sample(BaseModel):
                 f"sample is misaligned: {n} response ids, {len(self.loss_mask)} mask entries, "
                 f"{len(self.logprobs)} logprobs"
             )
+        if self.policy_versions is not None and len(self.policy_versions) != n:
+            raise ValueError(f"sample is misaligned: {n} response ids, {len(self.policy_versions)} policy versions")
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the generated tokens (None: not tracked)."""
+        generated = [version for version in self.policy_versions or () if version >= 0]
+        return min(generated) if generated else None
 
     @property
     def num_trained_tokens(self) -> int:
@@ -74,7 +86,8 @@ class Sample(BaseModel):
         """The calls in `response_ids[start:end]` as a sample of their own: what came before is its prompt."""
         return self.model_copy(update={
             "prompt_ids": self.prompt_ids + self.response_ids[:start], "response_ids": self.response_ids[start:end],
-            "loss_mask": self.loss_mask[start:end], "logprobs": self.logprobs[start:end], "num_calls": num_calls})
+            "loss_mask": self.loss_mask[start:end], "logprobs": self.logprobs[start:end], "num_calls": num_calls,
+            "policy_versions": None if self.policy_versions is None else self.policy_versions[start:end]})
 
 
 @dataclass

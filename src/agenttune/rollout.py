@@ -97,6 +97,7 @@ class RolloutEngine:
         self.max_parallel = max_parallel or config.rollout.max_env_worker
         self.on_episode = on_episode
         self._processes: WorkflowProcesses | None = None  # rollout.workflow_processes > 1: started at first use
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     async def aclose(self) -> None:
         """Stop the workflow processes, if any (rollout_session does this at the end of a run)."""
@@ -119,7 +120,7 @@ class RolloutEngine:
         """Run each task `num_repeat` times (one group per task); episodes come back in task order."""
         num_repeat = num_repeat or self.config.rollout.num_repeat
         sampling = sampling or sampling_params(self.config.rollout)
-        slots = asyncio.Semaphore(self.max_parallel)
+        slots = self._episode_slots()
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
         await self._start_processes()
 
@@ -135,6 +136,14 @@ class RolloutEngine:
                     for repeat in range(num_repeat)
                 ]
         return [job.result() for job in jobs]
+
+    def _episode_slots(self) -> asyncio.Semaphore:
+        """One limit for all batches running at once (asynchronous training runs one per group):
+        `max_parallel` episodes in flight in all."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.max_parallel))
+        return self._slots[1]
 
     async def _start_processes(self) -> None:
         count = self.config.rollout.workflow_processes

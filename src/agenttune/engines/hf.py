@@ -8,7 +8,10 @@ rows): their prompts are prefilled together and their KV cache is left-padded to
 appended — a multi-turn agent's second turn does not wait for the other episodes' first turns.
 
 The engine can share an already-loaded model (the local backbone trains the same object in
-process, so rollouts always see the current weights without a copy).
+process, so rollouts always see the current weights without a copy). Asynchronous training gives it
+a copy instead and calls `update_weights` after each optimizer step: the copy happens between two
+decode steps (a lock held around each forward pass), so requests in flight go on with the new
+weights, and every token records the policy version that sampled it (`Generation.versions`).
 
 Logprobs are `log_softmax(logits / temperature)` of the sampled token — temperature-scaled,
 before top-k/top-p filtering — which is what a trainer recomputes at the same temperature. Greedy
@@ -68,12 +71,14 @@ class _Request:
     matcher: Any = None  # the guide's grammar state, for requests with a guide
     stream: asyncio.Queue | None = None  # streamed requests: each step's token, then the Generation or error
     forced: list[bool] = field(default_factory=list)  # per token, with a guide: the only token allowed
+    versions: list[int] = field(default_factory=list)  # per token: the policy version that sampled it
 
 
 class HFEngine(InferenceEngine):
     name: ClassVar[str] = "hf"
     Options: ClassVar[type[BaseModel]] = HFOptions
     enforces_guides: ClassVar[bool] = True
+    updates_weights: ClassVar[bool] = True
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_batch_tokens: int | None = None,
                  max_model_len: int | None = None,
@@ -98,6 +103,8 @@ class HFEngine(InferenceEngine):
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
+        self.policy_version = 0
+        self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
     @classmethod
     def from_config(cls, config: Any, options: HFOptions, tokenizer: Any, *, model: Any = None) -> HFEngine:
@@ -243,7 +250,9 @@ class HFEngine(InferenceEngine):
         import torch
 
         device = self.model.device
-        logits, cache, attention, next_positions = self._prefill(batch, device)
+        with self._weights_lock:
+            version = self.policy_version  # of the weights that computed `logits`
+            logits, cache, attention, next_positions = self._prefill(batch, device)
         active = list(batch)
         generators = _generators(active, device)
         joinable = _joinable(cache)
@@ -260,6 +269,7 @@ class HFEngine(InferenceEngine):
             for row, (request, token, logprob) in enumerate(zip(active, token_list, logprobs.tolist(), strict=True)):
                 request.token_ids.append(token)
                 request.logprobs.append(logprob)
+                request.versions.append(version)
                 if request.matcher is not None:
                     request.forced.append(forced[row])
                 if request.stream is not None:
@@ -281,11 +291,14 @@ class HFEngine(InferenceEngine):
                 attention, next_positions, tokens = attention[index], next_positions[index], tokens[index]
                 active = [active[row] for row in keep]
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
-            logits = self._forward(tokens[:, None], attention, next_positions, cache)
+            with self._weights_lock:  # a weight update lands between steps, never inside one
+                version = self.policy_version
+                logits = self._forward(tokens[:, None], attention, next_positions, cache)
+                newcomers = self._take_pending(active) if joinable and self._pending else []
+                if newcomers:
+                    new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
             next_positions = next_positions + 1
-            newcomers = self._take_pending(active) if joinable and self._pending else []
             if newcomers:
-                new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
                 attention = _join_caches(cache, attention, new_cache, new_attention)
                 logits, next_positions = torch.cat([logits, new_logits]), torch.cat([next_positions, new_positions])
                 active += newcomers
@@ -316,6 +329,16 @@ class HFEngine(InferenceEngine):
         # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
         return output.logits[:, -1, :].float().contiguous()
 
+    def update_weights(self, model: Any, version: int) -> None:
+        """Copy `model`'s parameters and buffers into this engine's model (same architecture, same
+        names) between two decode steps, then sample as policy `version`."""
+        import torch
+
+        with self._weights_lock, torch.no_grad():
+            if model is not self.model:
+                _copy_weights(model, self.model)
+            self.policy_version = version
+
     def _finish_reason(self, request: _Request) -> FinishReason | None:
         if request.token_ids[-1] in request.stop_ids or request.stop_strings.hit(request.token_ids):
             return "stop"
@@ -324,6 +347,16 @@ class HFEngine(InferenceEngine):
         if len(request.prompt_ids) + len(request.token_ids) >= self.max_model_len:
             return "length"
         return None
+
+
+def _copy_weights(source: Any, target: Any) -> None:
+    targets = dict(target.named_parameters()) | dict(target.named_buffers())
+    for name, tensor in [*source.named_parameters(), *source.named_buffers()]:
+        destination = targets.get(name)
+        if destination is None:
+            raise ValueError(f"update_weights: the engine's model has no {name!r}: it is not a copy of the "
+                             "trained model.")
+        destination.copy_(tensor.detach(), non_blocking=True)
 
 
 def _reserved(request: _Request) -> int:
@@ -378,7 +411,8 @@ def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any)
 def _resolve(request: _Request, finish: FinishReason) -> None:
     if not request.future.done():
         generation = Generation(request.token_ids, request.logprobs, finish,
-                                forced=request.forced if request.matcher is not None else None)
+                                forced=request.forced if request.matcher is not None else None,
+                                versions=request.versions)
         request.future.set_result(generation)
         if request.stream is not None:  # after the step's tokens: the loop runs callbacks in order
             request.stream.put_nowait(generation)

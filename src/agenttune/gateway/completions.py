@@ -258,7 +258,8 @@ class ChatCompletions:
         self._check_madness(channel, request, decoded.text_ids, parsed)
         timeline.record(request, prompt, decoded.token_ids, generation.logprobs if exact else None, reply,
                         exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode,
-                        forced=generation.forced if exact else None)
+                        forced=generation.forced if exact else None,
+                        versions=generation.versions if exact else None)
         if exact and generation.forced:
             channel.counters["forced_tokens"] += sum(generation.forced)
         counters = channel.counters

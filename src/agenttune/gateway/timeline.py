@@ -46,15 +46,23 @@ class SampleBuilder:
     num_calls: int = 0
     exact: bool = True  # False: built from text, not from the engine's token ids
     engine_logprobs: bool = True  # False: the engine reported none (placeholders; the trainer recomputes)
+    versions: list[int] | None = None  # per response token, once an engine reported versions
 
     def add_context(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
         self.loss_mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
+        if self.versions is not None:
+            self.versions += [-1] * len(token_ids)
 
     def add_generated(self, token_ids: list[int], logprobs: list[float] | None,
-                      forced: list[bool] | None = None) -> None:
-        """`forced`: tokens a grammar allowed alone (not the model's choice): loss mask 0, kept as context."""
+                      forced: list[bool] | None = None, versions: list[int] | None = None) -> None:
+        """`forced`: tokens a grammar allowed alone (not the model's choice): loss mask 0, kept as context.
+        `versions`: the policy version of each token (asynchronous training)."""
+        if versions is not None and self.versions is None:
+            self.versions = [-1] * len(self.response_ids)
+        if self.versions is not None:
+            self.versions += list(versions) if versions is not None else [-1] * len(token_ids)
         self.response_ids += token_ids
         self.loss_mask += [0 if is_forced else 1 for is_forced in forced] if forced else [1] * len(token_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
@@ -72,7 +80,8 @@ class SampleBuilder:
     def to_sample(self, trainable: bool) -> Sample:
         return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
                       loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=self.num_calls,
-                      trainable=trainable and self.exact, engine_logprobs=self.engine_logprobs)
+                      trainable=trainable and self.exact, engine_logprobs=self.engine_logprobs,
+                      policy_versions=list(self.versions) if self.versions is not None else None)
 
 
 @dataclass
@@ -137,7 +146,7 @@ class Timeline:
 
     def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,
                reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True,
-               forced: list[bool] | None = None) -> None:
+               forced: list[bool] | None = None, versions: list[int] | None = None) -> None:
         """File a finished call: extend the current sample or start a new one.
 
         `exact`: the ids are the engine's; `extendable`: a later call may continue this one.
@@ -153,7 +162,7 @@ class Timeline:
             reason = prompt.break_reason or ("concurrent_call" if prompt.extends is not None else None)
             if reason:
                 self.breaks[reason] += 1
-        sample.add_generated(token_ids, logprobs, forced)
+        sample.add_generated(token_ids, logprobs, forced, versions)
         self.calls += 1
         self.conversation = [*request.messages, reply]
         self._turn = None
