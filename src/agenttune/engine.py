@@ -108,5 +108,18 @@ class InferenceEngine:
         """
         yield await self.generate(prompt_ids, sampling, request_id=request_id)
 
+    async def release_memory(self) -> None:
+        """Before a training update: free what the engine holds on the accelerator.
+
+        For engines with their own copy of the weights on the trainer's GPU (`vllm`: sleep mode).
+        Default: nothing (engines that share the trainer's model object, or run elsewhere).
+        """
+
+    async def sync_weights(self, model: Any) -> None:
+        """After a training update: sample from `model`'s new weights from now on.
+
+        Default: nothing (the `hf` engine decodes with the trainer's own model object).
+        """
+
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

@@ -222,9 +222,9 @@ async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, st
     rollout_s = time.perf_counter() - started
     metrics = session.record(step, "train", episodes)
     progress.phase("training")
+    await setup.engine.release_memory()  # an engine with its own weights on this GPU (vllm) sleeps
     metrics.update(setup.trainer.step(episodes))
-    if hasattr(setup.engine, "load_weights"):  # an engine with its own copy of the weights (vllm)
-        setup.engine.load_weights(setup.model)
+    await setup.engine.sync_weights(setup.model)  # ...wakes, loads the new weights, resets its prefix cache
     elapsed = time.perf_counter() - started
     generated = metrics.get("tokens/generated_total", 0.0)
     metrics.update({
