@@ -170,7 +170,10 @@ class VLLMEngine(InferenceEngine):
     async def _transfer(self, model: Any) -> None:
         """The trainer's parameters into vLLM's model, by CUDA IPC through vLLM's weight-transfer engine."""
         import torch
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
 
         if not self._transfer_ready:
             await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))
