@@ -17,9 +17,7 @@ What is not tested here: CUDA (the IPC handles themselves, sleep mode's allocato
 
 from __future__ import annotations
 
-import base64
 import inspect
-import pickle
 import typing
 
 import pytest
