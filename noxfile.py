@@ -91,6 +91,30 @@ def trinity(session: nox.Session) -> None:
     session.run("pytest", "plugins/trinity/tests", *session.posargs)
 
 
+VLLM = "vllm==0.33.0"
+# What the vLLM modules the `vllm` engine uses import (vllm, sampling_params, outputs, logprobs,
+# engine.arg_utils, v1.engine.async_llm, distributed.weight_transfer), at vLLM 0.33.0's own pins
+# where it has them; the rest of its requirements (CUDA kernels, flashinfer, torch 2.14) are not
+# installed: nothing here runs on a GPU.
+VLLM_CPU_IMPORTS = (
+    "transformers>=5.16.1,<5.21", "msgspec", "cbor2", "pyzmq>=25.0.0", "aiohttp>=3.14.4", "requests>=2.33.0",
+    "oss-harmony>=0.0.11", "cloudpickle", "pybase64", "cachetools", "py-cpuinfo", "prometheus_client>=0.18.0",
+    "fastapi>=0.133.0,<0.137.0", "partial-json-parser", "llguidance>=1.7.0,<1.8.0", "uvloop",
+)
+
+
+@nox.session(python=PYTHON, default=False)
+def vllm(session: nox.Session) -> None:
+    """The `vllm` engine's calls against vLLM 0.33.0's real classes and signatures, on CPU (no GPU, no CUDA).
+
+    Not a default session: vLLM's wheel alone is 340 MB (the environment about 3.8 GB with CPU torch).
+    """
+    install_core(session, "local")
+    session.install("--no-deps", VLLM)  # its requirements pull CUDA torch 2.14 and GPU kernels
+    session.install(CPU_TORCH, *VLLM_CPU_IMPORTS)
+    session.run("pytest", "tests/test_vllm_api.py", "tests/test_local_vllm_engine.py", *session.posargs)
+
+
 @nox.session(python=PYTHON)
 def gsm8k(session: nox.Session) -> None:
     """The math judges (agenttune-plugin-gsm8k): real math-verify, `datasets` loading, a loopback judge server."""

@@ -185,3 +185,46 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, run_cli):
     result = run_cli("train", "--conf", conf, "--backbone", "local", "--run-dir", tmp_path / "new", "--resume")
     assert result.exit_code == 2
     assert "no checkpoint" in result.stderr and "--resume" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_engine_with_its_own_weights_sleeps_for_each_update_and_loads_the_new_weights_after(
+        tmp_path, register_plugin, monkeypatch):
+    """The loop's side of `vllm` colocation, with a real engine that records the two calls."""
+    import agenttune.backbones.local as local
+    from agenttune.engines.hf import HFEngine
+
+    events, versions = [], []
+
+    def fingerprint(model):
+        return sum(float(parameter.detach().double().sum()) for parameter in model.parameters())
+
+    class RecordingEngine(HFEngine):
+        name = "recording"
+
+        @classmethod
+        def from_config(cls, config, options, tokenizer, *, model=None):
+            engine = super().from_config(config, options, tokenizer, model=model)
+            engine.trained = model
+            return engine
+
+        async def release_memory(self):
+            events.append(("release", fingerprint(self.trained)))
+
+        async def sync_weights(self, model, version=0):
+            assert model is self.trained
+            events.append(("sync", fingerprint(model)))
+            versions.append(version)
+
+    register_plugin(engines=[RecordingEngine])
+    monkeypatch.setattr(local, "SUPPORTED_ENGINES", (*local.SUPPORTED_ENGINES, "recording"))
+    conf = write_run_files(tmp_path, trainer__total_steps=2, trainer__test_freq=0, trainer__save_freq=0,
+                           trainer__val_before_train=False)
+    train(conf, tmp_path / "run", "engine.type=recording")
+    # The first sync sets the starting version (an engine with updates_weights records versions per token).
+    assert [kind for kind, _ in events] == ["sync", "release", "sync", "release", "sync"] and versions == [0, 1, 2]
+    assert events[0][1] == events[1][1]
+    updated = [events[i][1] != events[i + 1][1] for i in (1, 3)]  # the optimizer step ran in between
+    trained = [record["train/samples"] > 0 for record in read_metrics(tmp_path / "run")]
+    assert updated == trained and any(trained), "no step trained: the update went unobserved"
+    assert events[2][1] == events[3][1]  # nothing changes the weights between an update and the next rollout

@@ -88,8 +88,8 @@ class InferenceEngine:
     # True: `SamplingParams.guide` is enforced while decoding. False: the gateway counts the request
     # as `guide_not_enforced` and the reply may break the grammar.
     enforces_guides: ClassVar[bool] = False
-    # True: `update_weights` copies a trainer's weights into the engine's own, between decode steps,
-    # and generations report per-token `versions` (asynchronous training needs both).
+    # True: `sync_weights` may run while requests are in flight (the update lands between two decode
+    # steps) and generations report per-token `versions`: what asynchronous training needs.
     updates_weights: ClassVar[bool] = False
 
     @classmethod
@@ -115,10 +115,21 @@ class InferenceEngine:
         """
         yield await self.generate(prompt_ids, sampling, request_id=request_id)
 
-    def update_weights(self, model: Any, version: int) -> None:  # pragma: no cover - abstract
-        """Load `model`'s weights as policy `version`; blocks until no decode step uses the old ones
-        (call it from a thread: in-flight requests go on with the new weights at their next token)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot take weight updates (updates_weights is False)")
+    async def release_memory(self) -> None:
+        """Before a training update: free what the engine holds on the accelerator.
+
+        For engines with their own copy of the weights on the trainer's GPU (`vllm`: sleep mode).
+        Default: nothing (engines that share the trainer's model object, or run elsewhere).
+        """
+
+    async def sync_weights(self, model: Any, version: int = 0) -> None:
+        """After a training update: sample from `model`'s new weights, as policy `version`, from now on.
+
+        Engines with `updates_weights` take them while requests are in flight (those go on with the
+        new weights at their next token, and generations report per-token `versions`). Default:
+        nothing (an engine that cannot hold weights of its own).
+        """
+
 
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

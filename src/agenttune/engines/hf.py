@@ -9,7 +9,7 @@ appended — a multi-turn agent's second turn does not wait for the other episod
 
 The engine can share an already-loaded model (the local backbone trains the same object in
 process, so rollouts always see the current weights without a copy). Asynchronous training gives it
-a copy instead and calls `update_weights` after each optimizer step: the copy happens between two
+a copy instead and calls `sync_weights` after each optimizer step: the copy happens between two
 decode steps (a lock held around each forward pass), so requests in flight go on with the new
 weights, and every token records the policy version that sampled it (`Generation.versions`).
 
@@ -328,6 +328,10 @@ class HFEngine(InferenceEngine):
                             past_key_values=cache, use_cache=True, logits_to_keep=1)
         # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
         return output.logits[:, -1, :].float().contiguous()
+
+    async def sync_weights(self, model: Any, version: int = 0) -> None:
+        # In a thread: the copy waits for the decode step in progress, the event loop must not.
+        await asyncio.to_thread(self.update_weights, model, version)
 
     def update_weights(self, model: Any, version: int) -> None:
         """Copy `model`'s parameters and buffers into this engine's model (same architecture, same

@@ -192,8 +192,8 @@ async def training_loop(run: Run, setup: Setup) -> None:
     bound = config.trainer.staleness_bound
     engine = setup.engine = build_engine(config, setup.tokenizer, model=rollout_model(setup.model, bound))
     _check_engine(engine, bound)
-    if engine.updates_weights:
-        engine.update_weights(setup.model, setup.start_step)  # tokens record versions from here on
+    if engine.updates_weights:  # tokens record policy versions from here on
+        await engine.sync_weights(setup.model, setup.start_step)
     trackers = Trackers(run)
     metrics_log = MetricsLog(run.metrics_path)
     try:
@@ -239,11 +239,9 @@ async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, st
     rollout_s = time.perf_counter() - started
     metrics = session.record(step, "train", episodes)
     progress.phase("training")
+    await setup.engine.release_memory()  # an engine with its own weights on this GPU (vllm) sleeps
     metrics.update(setup.trainer.step(episodes))
-    if hasattr(setup.engine, "load_weights"):  # an engine with its own copy of the weights (vllm)
-        setup.engine.load_weights(setup.model)
-    if setup.engine.updates_weights:
-        setup.engine.update_weights(setup.model, step)
+    await setup.engine.sync_weights(setup.model, step)  # vllm: wakes, loads the new weights, resets its prefix cache
     _add_perf(metrics, started, rollout_s, setup.order.epoch)
     return metrics
 
@@ -260,7 +258,7 @@ async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgre
     progress.phase("training (rollouts go on)")
     # In a thread: the event loop keeps serving the gateway and the workflows meanwhile.
     metrics.update(await asyncio.to_thread(setup.trainer.step, episodes))
-    await asyncio.to_thread(setup.engine.update_weights, setup.model, step)
+    await setup.engine.sync_weights(setup.model, step)
     setup.pipeline.advance(step)
     _add_perf(metrics, started, waited_s, setup.order.epoch)
     return metrics
