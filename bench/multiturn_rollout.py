@@ -1,7 +1,7 @@
 """The `hf` engine under an agent's load: many episodes of a multi-turn conversation at once.
 
     python bench/multiturn_rollout.py                        # 128 episodes x 4 turns, <= 32 new tokens a turn
-    python bench/multiturn_rollout.py --episodes 256 --max-batch-size 128
+    python bench/multiturn_rollout.py --episodes 256 --max-batch-size 64
 
 Each episode is a 4-turn conversation through the real product path — the workflow's OpenAI client,
 the gateway, RolloutEngine — against the batching `hf` engine on the tiny model (CPU, random
@@ -20,6 +20,7 @@ import asyncio
 import time
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
+from agenttune.engines.hf import HFOptions
 from agenttune.rollout import RolloutEngine
 from agenttune.testing.gateways import running_gateway, tiny_config
 
@@ -76,7 +77,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32, help="most new tokens per turn")
-    parser.add_argument("--max-batch-size", type=int, default=64, help="the hf engine's max_batch_size")
+    parser.add_argument("--max-batch-size", type=int, default=HFOptions().max_batch_size,
+                        help="the hf engine's max_batch_size (default: the engine's default)")
     args = parser.parse_args()
     result = asyncio.run(measure(args))
     if result["failed"]:

@@ -41,7 +41,7 @@ class HFOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N (ignored when a model is shared).")
-    max_batch_size: int = Field(default=64, gt=0, description="Most requests decoded together in one batch.")
+    max_batch_size: int = Field(default=128, gt=0, description="Most requests decoded together in one batch (a cap: max_batch_tokens or kv_cache_memory_fraction size it below that).")
     max_batch_tokens: int | None = Field(
         default=None, gt=0,
         description="KV-cache budget in tokens: a request joins a batch only while rows x the longest row's "
@@ -80,7 +80,7 @@ class HFEngine(InferenceEngine):
     enforces_guides: ClassVar[bool] = True
     updates_weights: ClassVar[bool] = True
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_batch_tokens: int | None = None,
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 128, max_batch_tokens: int | None = None,
                  max_model_len: int | None = None,
                  batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
         self.model = model
