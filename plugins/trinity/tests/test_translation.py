@@ -271,3 +271,20 @@ async def test_trinitys_staleness_sampler_keeps_what_agenttune_allows(make_confi
         await strategy.sample(step)
     trained_versions = [step - 1 for step in (1, 5, 10)]
     assert asked == [max(0, version - max_staleness) for version in trained_versions]
+
+
+def test_async_with_validation_is_refused_and_the_suggested_mode_validates(make_config, data_dir, tmp_path: Path):
+    """Trinity 0.6's fully_async style rejects evaluation tasksets; agenttune says so before any run,
+    and the mode it suggests instead (one_step_off) passes Trinity's validators with validation on."""
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    validating = {"task_reader": {"type": "file", "path": str(data_dir), "validation_split": "validation"}}
+    with pytest.raises(UserError) as raised:
+        TrinityBackbone.check(make_config(trainer={"mode": "async", "test_freq": 2}, **validating))
+    message = raised.value.render()
+    assert "trainer.mode = 'async' cannot validate" in message and "trainer.mode=one_step_off" in message
+
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, "mode": "one_step_off", "test_freq": 2},
+                             **validating), tmp_path)
+    check_and_update(cfg)
+    assert len(cfg.buffer.explorer_input.eval_tasksets) == 1 and cfg.synchronizer.sync_offset == 1
