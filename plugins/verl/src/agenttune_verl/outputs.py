@@ -7,9 +7,17 @@ split at call boundaries into several outputs, each with its own full prompt (ag
 `fit_to_limits`, as the local backbone does); nothing is cut inside a call, and calls that fit in no
 output are dropped and counted in the episode's metrics (`truncation/...`).
 
-An episode with no trainable sample (it failed before its first call, or its agents are not trained)
-still answers with one output whose mask is all zero: its reward then counts in its GRPO group's
-baseline, and no token is trained.
+A failed episode (its status is a failure: workflow error, timeout, judge or engine error,
+cancelled) is dropped from training and counted, the rule the local backbone follows: in a training
+row under verl's V1 trainer it answers with no output at all, so none of its tokens is trained and
+its reward is in no GRPO group's mean or std (`verl/failed_episode_dropped` on the episode,
+`train/failed_episodes_skipped` per step). Where verl needs an answer for every episode — validation
+rows, whose failures must count against accuracy, and the legacy trainer, which takes exactly one
+output per episode — it answers with the placeholder below instead, never with its own tokens.
+
+An episode with no trainable sample (a failure where it cannot be dropped, or an episode whose
+agents are not trained) answers with one placeholder output whose mask is all zero: its reward
+then counts in its GRPO group's baseline, and no token is trained.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from typing import Any
 
 from agenttune.episode import Episode, Sample, fit_all, record_fitting
 from agenttune_verl.engine import RequestStats
+
+# Per episode in the rollout log; the metrics bridge sums it per step as `train/failed_episodes_skipped`.
+FAILED_EPISODE_DROPPED = "verl/failed_episode_dropped"
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ def episode_outputs(
     pad_token_id: int,
     keep_all_samples: bool,
     step: int,
+    can_drop: bool = False,
 ) -> list[Any]:
     """The episode's `AgentLoopOutput`s, in timeline order; also records truncation metrics on it.
 
@@ -60,10 +72,16 @@ def episode_outputs(
     episode's last sample is then trained and the others are counted as dropped. `step`: the
     training step the row was fed at, the model version when verl reported none. `task_prompt()`
     gives the row's prompt ids, the context of the placeholder output of an episode with no sample.
+    `can_drop`: verl accepts no output for this episode (a training row under the V1 trainer); a
+    failed episode then gives none (and is counted), otherwise the placeholder.
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-    cuts = fit_outputs([sample for sample in episode.trainable_samples if sample.response_ids], limits, episode)
+    if episode.status.failed and can_drop:
+        episode.metrics[FAILED_EPISODE_DROPPED] = 1.0
+        return []
+    trained = [] if episode.status.failed else episode.trainable_samples  # a failure never trains its tokens
+    cuts = fit_outputs([sample for sample in trained if sample.response_ids], limits, episode)
     if not keep_all_samples and len(cuts) > 1:  # the legacy trainer: the last part holds the final answer
         episode.metrics["verl/dropped_samples"] = float(len(cuts) - 1)
         cuts = cuts[-1:]
