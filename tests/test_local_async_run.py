@@ -11,14 +11,21 @@ sampled it, within the staleness bound.
 from __future__ import annotations
 
 import json
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from test_faults_resume import TINY, TOTAL_STEPS, checkpoints, episodes, steps_written, train, write_project
+from test_faults_resume import (
+    TINY,
+    TOTAL_STEPS,
+    checkpoints,
+    episodes,
+    kill_after_step,
+    steps_written,
+    train,
+    write_project,
+)
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -37,14 +44,7 @@ def crashed(tmp_path_factory) -> Path:
     config["rollout"]["max_env_worker"] = 8
     conf.write_text(yaml.safe_dump(config))
     run_dir = root / "run"
-    victim = train(conf, run_dir)
-    deadline = time.monotonic() + 240
-    while 3 not in steps_written(run_dir):
-        assert victim.poll() is None, f"the run ended before the kill: {victim.stderr.read()}"
-        assert time.monotonic() < deadline, "step 3 never finished"
-        time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
-    assert victim.wait(timeout=30) == -signal.SIGKILL
+    kill_after_step(train(conf, run_dir), run_dir, 3)
     assert checkpoints(run_dir) == ["step_000002"]
     resumed = train(conf, run_dir, "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
