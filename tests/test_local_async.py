@@ -164,3 +164,23 @@ def test_staleness_counts_trained_tokens_only():
     assert metrics["async/staleness/2"] == pytest.approx(1 / 3) and metrics["async/staleness/0"] == pytest.approx(1 / 3)
     assert metrics["async/staleness_max"] == 2 and metrics["async/staleness_mean"] == pytest.approx(1.0)
     assert staleness_metrics([episode.model_copy(update={"samples": []})], version=5) == {}
+
+
+def test_asynchronous_training_without_rollout_correction_is_warned_about():
+    from structlog.testing import capture_logs
+
+    from agenttune.backbones.local.loop import _warn_if_uncorrected
+    from agenttune.config_loader import load_config
+
+    def warnings(*overrides: str) -> list[str]:
+        config = load_config(None, list(overrides))
+        with capture_logs() as logs:
+            _warn_if_uncorrected(config, config.trainer.staleness_bound)
+        return [entry["event"] for entry in logs if entry["log_level"] == "warning"]
+
+    [warning] = warnings("trainer.mode=async", "trainer.max_staleness=2")
+    assert "rollout_is: token" in warning and "2 policy versions" in warning
+    assert warnings("trainer.mode=one_step_off")  # one version off is still off-policy
+    assert not warnings("trainer.mode=async", "algorithm.rollout_correction.rollout_is=token")
+    assert not warnings("trainer.mode=sync")
+    assert not warnings("trainer.mode=async", "trainer.max_staleness=0")  # the synchronous schedule

@@ -192,6 +192,7 @@ async def training_loop(run: Run, setup: Setup) -> None:
     bound = config.trainer.staleness_bound
     engine = setup.engine = build_engine(config, setup.tokenizer, model=rollout_model(setup.model, bound))
     _check_engine(engine, bound)
+    _warn_if_uncorrected(config, bound)
     if engine.updates_weights:  # tokens record policy versions from here on
         await engine.sync_weights(setup.model, setup.start_step)
     trackers = Trackers(run)
@@ -287,6 +288,18 @@ def rollout_model(model: torch.nn.Module, bound: int | None) -> torch.nn.Module:
     copied = copy.deepcopy(model)
     copied.requires_grad_(False)
     return copied.eval()
+
+
+def _warn_if_uncorrected(config: Any, bound: int | None) -> None:
+    """Tokens sampled by older weights are trained as if on-policy unless rollout correction weighs them
+    (verl, AReaL and slime all pair asynchronous training with it). The quickstart at max_staleness 2
+    without it once peaked at 100 % held-out and fell to 56 % by step 20 (docs/local.md)."""
+    correction = config.algorithm.rollout_correction
+    if bound and not (correction.rollout_is or correction.rollout_rs or correction.bypass_mode):
+        log.warning("asynchronous training without rollout correction: tokens up to "
+                    f"{bound} policy versions old are trained as if on-policy. Set "
+                    "algorithm.rollout_correction.rollout_is: token (and rollout_is_threshold: 2.0) to weigh "
+                    "them by pi_old / pi_rollout (docs/local.md, Asynchronous training).")
 
 
 def _check_engine(engine: Any, bound: int | None) -> None:
