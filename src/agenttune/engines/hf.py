@@ -330,6 +330,9 @@ class HFEngine(InferenceEngine):
         return output.logits[:, -1, :].float().contiguous()
 
     async def sync_weights(self, model: Any, version: int = 0) -> None:
+        if model is self.model:  # the trained model itself (synchronous training): nothing to copy
+            self.policy_version = version
+            return
         # In a thread: the copy waits for the decode step in progress, the event loop must not.
         await asyncio.to_thread(self.update_weights, model, version)
 

@@ -91,16 +91,16 @@ class GroupPipeline:
             # The earliest-drawn complete group first: it is the closest to going stale.
             group = min(self._done, key=lambda done: done.order)
             self._done.remove(group)
-            if self.is_stale(group):
+            oldest = group.oldest_version()
+            if oldest is not None and self.version - oldest > self.bound:
                 if dropped >= STALE_IN_A_ROW * self.batch_size:
                     raise RuntimeError(
                         f"{dropped} groups in a row were older than trainer.max_staleness ({self.bound}) allows: the "
-                        f"rollout engine's weights are not refreshed (its tokens carry version {group.oldest_version()}, "
+                        f"rollout engine's weights are not refreshed (its tokens carry version {oldest}, "
                         f"training is at {self.version}).")
                 dropped += 1
                 self.dropped += 1  # widens admission by one: a fresh group replaces it
-                log.info("stale group dropped", task=group.task.task_id, oldest=group.oldest_version(),
-                         version=self.version)
+                log.info("stale group dropped", task=group.task.task_id, oldest=oldest, version=self.version)
                 continue
             accepted.append(group)
         accepted.sort(key=lambda group: group.order)
@@ -112,10 +112,6 @@ class GroupPipeline:
         """The rollout weights are now `version`: admit the groups it allows."""
         self.version = version
         self._fill()
-
-    def is_stale(self, group: Group) -> bool:
-        oldest = group.oldest_version()
-        return oldest is not None and self.version - oldest > self.bound
 
     def pending(self) -> list[Task]:
         """Tasks taken but not trained (running, finished and waiting, or queued), in the order taken."""

@@ -95,8 +95,7 @@ def prepare(run: Run) -> Setup:
         pending = [Task.model_validate(task) for task in state.extra.get("pending_tasks", [])]
         _forget_steps_after(run, start_step)
         log.info("resumed", checkpoint=str(resume_from), step=start_step)
-    return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components,
-                 pending=pending if resume_from is not None else [])
+    return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components, pending=pending)
 
 
 def _read(reader: Any, split: str) -> list[Task]:
@@ -280,7 +279,7 @@ def _add_perf(metrics: dict[str, float], started: float, rollout_s: float, epoch
 
 def rollout_model(model: torch.nn.Module, bound: int | None) -> torch.nn.Module:
     """The weights rollouts sample from: the trained model itself when synchronous (nothing copied);
-    a frozen copy when asynchronous, refreshed by `engine.update_weights` after each step."""
+    a frozen copy when asynchronous, refreshed by `engine.sync_weights` after each step."""
     if bound is None:
         return model
     import copy
