@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.engines.grammar import GrammarBook, advance
+from agenttune.engines.sampling import BatchSampler, seeded_generator, to_host
 from agenttune.engines.stopping import StopStrings, stop_token_set
 
 
@@ -72,6 +73,7 @@ class _Request:
     stream: asyncio.Queue | None = None  # streamed requests: each step's token, then the Generation or error
     forced: list[bool] = field(default_factory=list)  # per token, with a guide: the only token allowed
     versions: list[int] = field(default_factory=list)  # per token: the policy version that sampled it
+    generator: Any = None  # a seeded request's torch.Generator on the model's device (its own draws)
 
 
 class HFEngine(InferenceEngine):
@@ -103,6 +105,7 @@ class HFEngine(InferenceEngine):
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
+        self._cache_keyword = _cache_keyword(model)
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
@@ -254,24 +257,26 @@ class HFEngine(InferenceEngine):
             version = self.policy_version  # of the weights that computed `logits`
             logits, cache, attention, next_positions = self._prefill(batch, device)
         active = list(batch)
-        generators = _generators(active, device)
+        _seed(active, device)
+        sampler = self._sampler(active, logits)
+        mask = _GrowingMask(attention)
         joinable = _joinable(cache)
         while True:
             self.decode_steps.append((len(active), len(active) + len(self._pending)))
             matchers = [request.matcher for request in active]
             guided = any(matcher is not None for matcher in matchers)
-            forced = self.grammars.mask(logits, matchers).tolist() if guided else None
-            tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
-            token_list = tokens.tolist()
+            forced = self.grammars.mask(logits, matchers) if guided else None
+            tokens, logprobs = sampler.sample(logits)
+            token_list, logprob_list, forced_list = to_host(tokens, logprobs, forced)
             if guided:
                 advance(matchers, token_list)
             keep, finished, streamed = [], [], []
-            for row, (request, token, logprob) in enumerate(zip(active, token_list, logprobs.tolist(), strict=True)):
+            for row, (request, token, logprob) in enumerate(zip(active, token_list, logprob_list, strict=True)):
                 request.token_ids.append(token)
                 request.logprobs.append(logprob)
                 request.versions.append(version)
                 if request.matcher is not None:
-                    request.forced.append(forced[row])
+                    request.forced.append(forced_list[row])
                 if request.stream is not None:
                     streamed.append((request.stream, token))
                 finish = self._finish_reason(request)
@@ -288,9 +293,11 @@ class HFEngine(InferenceEngine):
             if len(keep) < len(active):  # finished rows leave the batch and its KV cache
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
-                attention, next_positions, tokens = attention[index], next_positions[index], tokens[index]
+                mask.select(index)
+                next_positions, tokens = next_positions[index], tokens[index]
                 active = [active[row] for row in keep]
-            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
+                sampler = self._sampler(active, logits)
+            attention = mask.extend()
             with self._weights_lock:  # a weight update lands between steps, never inside one
                 version = self.policy_version
                 logits = self._forward(tokens[:, None], attention, next_positions, cache)
@@ -299,12 +306,19 @@ class HFEngine(InferenceEngine):
                     new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
             next_positions = next_positions + 1
             if newcomers:
-                attention = _join_caches(cache, attention, new_cache, new_attention)
+                mask = _GrowingMask(_join_caches(cache, attention, new_cache, new_attention))
                 logits, next_positions = torch.cat([logits, new_logits]), torch.cat([next_positions, new_positions])
+                _seed(newcomers, device)
                 active += newcomers
                 batch += newcomers
-                generators.update(_generators(newcomers, device))
+                sampler = self._sampler(active, logits)
                 self.joined += len(newcomers)
+
+    @staticmethod
+    def _sampler(rows: list[_Request], logits: Any) -> BatchSampler:
+        """The rows' sampling settings as tensors: built when rows join or leave, not every step."""
+        return BatchSampler.for_rows([request.sampling for request in rows], [request.generator for request in rows],
+                                     vocab_size=logits.shape[-1], device=logits.device)
 
     def _prefill(self, batch: list[_Request], device: Any) -> tuple[Any, Any, Any, Any]:
         """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions)."""
@@ -325,7 +339,7 @@ class HFEngine(InferenceEngine):
 
     def _forward(self, input_ids: Any, attention: Any, positions: Any, cache: Any) -> Any:
         output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1)
+                            use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache})
         # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
         return output.logits[:, -1, :].float().contiguous()
 
@@ -364,6 +378,15 @@ def _copy_weights(source: Any, target: Any) -> None:
             raise ValueError(f"update_weights: the engine's model has no {name!r}: it is not a copy of the "
                              "trained model.")
         destination.copy_(tensor.detach(), non_blocking=True)
+
+
+def _cache_keyword(model: Any) -> str:
+    """transformers 5.x renames `past_key_values` to `cache` (the old name warns on every call, and
+    goes in 5.40); 4.x knows only the old one. A peft model passes keywords on to its base model."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _reserved(request: _Request) -> int:
@@ -415,6 +438,37 @@ def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any)
     return torch.cat([padded(attention, 1), padded(new_attention, 1)])
 
 
+class _GrowingMask:
+    """The batch's attention mask, with room for the tokens still to come: a decode step takes a view
+    one column wider instead of concatenating a new column onto a fresh copy."""
+
+    def __init__(self, attention: Any, spare: int = 64):
+        self.length = attention.shape[1]
+        self.buffer = _with_ones(attention, spare)
+
+    def extend(self) -> Any:
+        """The mask for the next step: one more attended position in every row."""
+        if self.length == self.buffer.shape[1]:
+            self.buffer = _with_ones(self.buffer, self.length)  # doubles: amortised O(1) per step
+        self.length += 1
+        return self.buffer[:, :self.length]
+
+    def select(self, index: Any) -> None:
+        self.buffer = self.buffer[index]
+
+
+def _with_ones(mask: Any, columns: int) -> Any:
+    """`mask` with `columns` more attended positions on the right."""
+    import torch
+
+    return torch.cat([mask, mask.new_ones((mask.shape[0], columns))], dim=1)
+
+
+def _seed(requests: list[_Request], device: Any) -> None:
+    for request in requests:
+        request.generator = seeded_generator(request.sampling, device)
+
+
 def _resolve(request: _Request, finish: FinishReason) -> None:
     if not request.future.done():
         generation = Generation(request.token_ids, request.logprobs, finish,
@@ -441,60 +495,3 @@ def _eval_mode(model: Any):
     finally:
         if was_training:
             model.train()
-
-
-def _generators(requests: list[_Request], device: Any) -> dict[int, Any]:
-    """A seeded generator per request that asked for a seed (keyed by id(request))."""
-    import torch
-
-    generators = {}
-    for request in requests:
-        if request.sampling.seed is not None:
-            generators[id(request)] = torch.Generator(device=device).manual_seed(request.sampling.seed)
-    return generators
-
-
-def _sample(logits: Any, samplings: list[SamplingParams], generators: dict[int, Any],
-            requests: list[_Request]) -> tuple[Any, Any]:
-    """Per-row temperature / top-k / top-p sampling; returns (token ids, their logprobs)."""
-    import torch
-
-    device = logits.device
-    temperature = torch.tensor([s.temperature for s in samplings], device=device, dtype=logits.dtype)
-    greedy = temperature < 1e-5  # as vLLM: tinier temperatures would overflow the scaled logits
-    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    filtered = _top_p(_top_k(scaled, samplings), samplings)
-    probs = torch.softmax(filtered, dim=-1)
-    sampled = torch.multinomial(probs, 1).squeeze(1)
-    for row, request in enumerate(requests):
-        generator = generators.get(id(request))
-        if generator is not None and not greedy[row]:
-            sampled[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
-    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
-
-
-def _top_k(scores: Any, samplings: list[SamplingParams]) -> Any:
-    import torch
-
-    vocab = scores.shape[-1]
-    ks = [s.top_k if 0 < s.top_k < vocab else 0 for s in samplings]
-    if not any(ks):
-        return scores
-    k = torch.tensor(ks, device=scores.device)
-    kth = torch.topk(scores, max(ks), dim=-1).values.gather(1, (k.clamp(min=1) - 1)[:, None])
-    return scores.masked_fill((k[:, None] > 0) & (scores < kth), float("-inf"))
-
-
-def _top_p(scores: Any, samplings: list[SamplingParams]) -> Any:
-    import torch
-
-    if all(s.top_p >= 1.0 for s in samplings):
-        return scores
-    top_p = torch.tensor([s.top_p for s in samplings], device=scores.device, dtype=scores.dtype)
-    ordered, order = torch.sort(scores, dim=-1, descending=True)
-    probs = torch.softmax(ordered, dim=-1)
-    outside = (probs.cumsum(dim=-1) - probs) > top_p[:, None]  # the most likely token always stays
-    ordered = ordered.masked_fill(outside, float("-inf"))
-    return torch.empty_like(scores).scatter_(1, order, ordered)
