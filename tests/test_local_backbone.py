@@ -89,11 +89,14 @@ def test_a_run_writes_metrics_checkpoints_curves_and_rollouts(tmp_path):
     assert [record["step"] for record in records] == [0, 1, 2, 3, 4]
     assert "val/success_rate" in records[0] and "val/success_rate" in records[2] and "val/success_rate" in records[4]
     for record in records[1:]:
-        for key in ("reward/mean", "success_rate", "train/loss", "train/entropy", "train/grad_norm",
-                    "perf/tokens_per_s", "train/logprob_mismatch", "epoch"):
+        for key in ("reward/mean", "success_rate", "train/samples", "perf/tokens_per_s", "epoch"):
             assert key in record, key
+    # A step whose groups all got equal rewards has nothing to train (GRPO advantages are 0).
     trained = [record for record in records[1:] if record["train/samples"] > 0]
-    assert trained, "no step had a reward spread: the test task gives no signal"
+    assert len(trained) >= 2, "fewer than two steps had a reward spread: the test task gives too little signal"
+    for record in trained:
+        for key in ("train/loss", "train/entropy", "train/grad_norm", "train/logprob_mismatch"):
+            assert key in record, key
     # The engine samples from the very model being trained: its logprobs match the trainer's forward
     # pass (same weights, same temperature) up to float noise — also after updates.
     assert all(record["train/logprob_mismatch"] < 1e-3 for record in trained[1:] or trained)
