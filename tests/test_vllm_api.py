@@ -2,9 +2,13 @@
 
 vLLM's GPU kernels cannot run here, but its Python API imports on CPU. What this proves:
 - every `AsyncLLM` method the engine calls (generate, sleep, wake_up, reset_prefix_cache, the weight
-  transfer's init/start/update/finish, shutdown) exists, is awaitable where we await it, and accepts
-  the exact arguments we pass: the engine's own code runs against a recorder that binds each call to
-  the real method's `inspect.signature`;
+  transfer's init/start/update/finish, pause_generation/resume_generation, shutdown) exists, is
+  awaitable where we await it, and accepts the exact arguments we pass: the engine's own code runs
+  against a recorder that binds each call to the real method's `inspect.signature`;
+- asynchronous training's update among requests in flight: `keep` is a pause mode of this vLLM, its
+  scheduler's reset with `reset_running_requests` preempts running requests (it does not abort
+  them), and its real output processor labels tokens with the weight version we set, in spans that
+  survive a slow reader's merged outputs and become our per-token versions;
 - the weight update payload and init info are accepted by vLLM's own `IPCWeightTransferUpdateInfo`
   / `IPCWeightTransferInitInfo` (names, dtypes, shapes, pickled handles);
 - our `AsyncEngineArgs` build the real dataclass, with a `logprobs_mode` and weight-transfer
@@ -57,12 +61,13 @@ class CheckedAsyncLLM:
 
     def __init__(self, *, flat: bool = False):
         self.calls: list[str] = []
+        self.arguments: dict[str, inspect.BoundArguments] = {}  # the last call of each method, bound
         self.flat = flat
 
     def _check(self, name: str, args: tuple, kwargs: dict, *, awaited: bool) -> None:
         method = getattr(AsyncLLMEngine, name, None)
         assert method is not None, f"vLLM's AsyncLLM has no {name}()"
-        inspect.signature(method).bind(self, *args, **kwargs)  # TypeError if an argument is wrong
+        self.arguments[name] = inspect.signature(method).bind(self, *args, **kwargs)  # TypeError if one is wrong
         if awaited:
             assert inspect.iscoroutinefunction(method), f"AsyncLLM.{name} is not a coroutine function"
         self.calls.append(name)
@@ -116,8 +121,8 @@ async def test_the_colocated_cycle_calls_vllm_as_it_is_defined(tiny_model, insec
     await engine.aclose()
 
     calls = engine.engine.calls
-    assert calls == ["init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update",
-                     "reset_prefix_cache", "generate",
+    assert calls == ["pause_generation", "init_weight_transfer_engine", "start_weight_update", "update_weights",
+                     "finish_weight_update", "reset_prefix_cache", "resume_generation", "generate",
                      "sleep", "wake_up", "start_weight_update", "update_weights", "finish_weight_update", "wake_up",
                      "reset_prefix_cache",
                      "sleep", "wake_up", "generate", "shutdown"]
@@ -127,6 +132,61 @@ async def test_the_colocated_cycle_calls_vllm_as_it_is_defined(tiny_model, insec
     assert update.ipc_handles[0] == {"GPU-0": ("handle", tuple(update.shapes[0]))}
     assert generation.token_ids == [5, 9, 2] and generation.logprobs == [-0.5, -0.25, -2.0]
     assert streamed[-1].token_ids == [5, 9, 2]
+
+
+async def test_the_asynchronous_update_calls_vllm_as_it_is_defined(tiny_model, insecure_serialization):
+    """Asynchronous modes: vLLM awake (sleep level 0), the update lands among requests in flight."""
+    from vllm.v1.engine import PauseMode
+
+    engine = VLLMEngine(CheckedAsyncLLM(), sleep_level=0, model=tiny_model, share=fake_share)
+    await engine.sync_weights(tiny_model, 7)
+    generation = await engine.generate([1, 2], SamplingParams())
+    calls = engine.engine.calls
+    assert calls == ["pause_generation", "init_weight_transfer_engine", "start_weight_update", "update_weights",
+                     "finish_weight_update", "reset_prefix_cache", "resume_generation", "generate"]
+    bound = engine.engine.arguments
+    assert bound["pause_generation"].arguments["mode"] == "keep" and "keep" in typing.get_args(PauseMode)
+    assert bound["pause_generation"].arguments["clear_cache"] is False
+    assert bound["finish_weight_update"].arguments["weight_version"] == "7"
+    assert bound["reset_prefix_cache"].arguments["reset_running_requests"] is True
+    assert generation.token_ids == [5, 9, 2]
+
+
+def test_resetting_running_requests_preempts_them_rather_than_aborting():
+    """What vLLM 0.33's scheduler does with `reset_running_requests=True` (its source; the scheduler
+    needs a GPU config to build): running requests go back to the waiting queue (recomputed on resume)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    source = inspect.getsource(Scheduler.reset_prefix_cache)
+    assert "self._preempt_request(" in source and "finish_requests" not in source
+    preempt = inspect.getsource(Scheduler._preempt_request)
+    assert "self.waiting.prepend_request(request)" in preempt and "num_computed_tokens = 0" in preempt
+
+
+async def test_vllms_output_processor_labels_tokens_with_our_weight_versions():
+    """vLLM's real OutputProcessor and per-request collector: the engine core's step outputs carry
+    the weight version set last; a reader that only looks at the end gets the outputs merged, with
+    exact per-token labels that become the Generation's versions."""
+    import time
+
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+
+    processor = OutputProcessor(None, log_stats=False)
+    params = vllm.SamplingParams(max_tokens=4, output_kind=RequestOutputKind.CUMULATIVE, detokenize=False)
+    request = EngineCoreRequest(request_id="r", prompt_token_ids=[1, 2], mm_features=None, sampling_params=params,
+                                pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
+                                data_parallel_rank=None)
+    request.external_req_id = "r"  # AsyncLLM sets it when it takes a request
+    collector = RequestOutputCollector(RequestOutputKind.CUMULATIVE, "r")
+    processor.add_request(request, None, None, 0, collector)
+    for token, label in ((5, "3"), (6, "3"), (7, "4")):  # an update to version 4 between two steps
+        processor.process_outputs([EngineCoreOutput("r", [token])], weight_version=label)
+    processor.process_outputs([EngineCoreOutput("r", [8], finish_reason=FinishReason.LENGTH)], weight_version="4")
+    output = await collector.get()
+    assert output.finished
+    assert to_generation(output.outputs[0]).versions == [3, 3, 4, 4]
 
 
 async def test_the_update_payload_pickles_what_vllms_worker_unpickles(insecure_serialization):
@@ -190,6 +250,15 @@ def test_real_vllm_outputs_become_generations(flat):
     aborted = CompletionOutput(index=0, text="", token_ids=[4], cumulative_logprob=None, logprobs=None,
                                finish_reason="abort")
     assert to_generation(aborted) == Generation([4], None, "abort")
+
+
+def test_real_weight_version_spans_become_per_token_versions():
+    from vllm.outputs import WeightVersionSpan
+
+    spans = [WeightVersionSpan("1", 0, 2), WeightVersionSpan("2", 2, 3)]
+    completion = CompletionOutput(index=0, text="", token_ids=[5, 9, 2], cumulative_logprob=None, logprobs=None,
+                                  finish_reason="stop", weight_versions=spans)
+    assert to_generation(completion).versions == [1, 1, 2]
 
 
 def test_from_engine_args_is_called_as_vllm_defines_it(tiny_model_path):

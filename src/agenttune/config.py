@@ -182,7 +182,8 @@ class TrainerConfig(Section):
     mode: Literal["sync", "one_step_off", "async"] = Field(
         default="sync", description="sync: roll out a batch, then train on it. async: groups for later steps roll out "
         "while a step trains, from the engine's own copy of the weights (refreshed after every update, also "
-        "mid-episode), within `max_staleness`. one_step_off: async with max_staleness 1 (verl's one-step off-policy).")
+        "mid-episode), within `max_staleness`. one_step_off: async with max_staleness 1 (verl's one-step off-policy). "
+        "Asynchronous modes need engine.type hf or vllm (local backbone).")
     max_staleness: int = Field(
         default=1, ge=0, description="async: the most policy versions a trained token may lag behind the weights being "
         "trained; groups with older tokens are dropped and counted (async/dropped_groups).")

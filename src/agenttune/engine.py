@@ -91,6 +91,11 @@ class InferenceEngine:
     # True: `sync_weights` may run while requests are in flight (the update lands between two decode
     # steps) and generations report per-token `versions`: what asynchronous training needs.
     updates_weights: ClassVar[bool] = False
+    # True: the engine samples from a copy of the weights it holds itself (vllm: in its own process),
+    # which `sync_weights` fills from the trainer's model; asynchronous training hands it the trained
+    # model. False: it samples from the model object it is given (hf), so asynchronous training gives
+    # it a frozen copy of the policy.
+    copies_weights: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
@@ -119,15 +124,17 @@ class InferenceEngine:
         """Before a training update: free what the engine holds on the accelerator.
 
         For engines with their own copy of the weights on the trainer's GPU (`vllm`: sleep mode).
-        Default: nothing (engines that share the trainer's model object, or run elsewhere).
+        Synchronous training only: asynchronous modes do not call it (the engine generates during
+        the update). Default: nothing (engines that share the trainer's model object, or run elsewhere).
         """
 
     async def sync_weights(self, model: Any, version: int = 0) -> None:
         """After a training update: sample from `model`'s new weights, as policy `version`, from now on.
 
         Engines with `updates_weights` take them while requests are in flight (those go on with the
-        new weights at their next token, and generations report per-token `versions`). Default:
-        nothing (an engine that cannot hold weights of its own).
+        new weights at their next token, and generations report per-token `versions`); `version` is
+        what their tokens record from then on. Default: nothing (an engine that cannot hold weights
+        of its own).
         """
 
 

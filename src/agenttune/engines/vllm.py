@@ -12,12 +12,24 @@ temperature. (vLLM's default, `raw_logprobs`, is the untempered distribution.) W
 set, vLLM's processed logprobs are of the truncated, renormalised distribution it sampled from.
 
 Colocated with the local backbone (as TRL's `vllm_mode="colocate"`): vLLM's engine core runs in
-a child process on the trainer's GPU. Each training step the loop calls
+a child process on the trainer's GPU. Synchronous training (`trainer.mode: sync`), each step:
 
     await engine.release_memory()    # before the update: vLLM sleeps (level 2: weights and KV cache freed)
     ...trainer.step(...)...
     await engine.sync_weights(model, version) # after: wake the weights, load the new ones, wake the KV cache,
                                      # reset the prefix cache (its blocks were computed by the old weights)
+
+Asynchronous training (`one_step_off`, `async`): rollouts go on while the trainer updates, so vLLM
+never sleeps (its memory stays taken) and `sync_weights` lands the update among requests in flight:
+
+    pause_generation(mode="keep", clear_cache=False)   # no step runs; requests stay queued, KV kept
+    start_weight_update / update_weights / finish_weight_update(weight_version="<version>")
+    reset_prefix_cache(reset_running_requests=True)     # running requests are preempted, not aborted:
+    resume_generation()                                 # their KV is recomputed by the new weights
+
+vLLM labels every scheduler step's output with the weight version set last, and the final output
+carries the labels as spans over the generated tokens (`CompletionOutput.weight_versions`): these
+become `Generation.versions`, exact per token (see `generate_stream` for the fallback).
 
 The weights travel by CUDA IPC through vLLM's own weight-transfer engine (`weight_transfer_config:
 {backend: ipc}`): the trainer shares each parameter's memory, vLLM's worker copies it into its
@@ -68,11 +80,14 @@ class VLLMOptions(BaseModel):
     sleep_level: Literal[0, 1, 2] = Field(default=2, description=(
         "With the local backbone, what vLLM frees while the trainer updates: 2 = weights and KV cache (the "
         "new weights are loaded after the step anyway), 1 = KV cache freed and weights offloaded to CPU "
-        "memory, 0 = nothing (vLLM's memory stays taken; no sleep mode)."))
+        "memory, 0 = nothing (vLLM's memory stays taken; no sleep mode). Asynchronous training modes never "
+        "sleep (rollouts go on during the update), whatever this says."))
 
 
 class VLLMEngine(InferenceEngine):
     enforces_guides: ClassVar[bool] = True
+    updates_weights: ClassVar[bool] = True  # pause (keep requests), load, preempt running requests, resume
+    copies_weights: ClassVar[bool] = True  # vLLM's own copy, in its process: the trained model is only read
     name: ClassVar[str] = "vllm"
     Options: ClassVar[type[BaseModel]] = VLLMOptions
 
@@ -81,8 +96,9 @@ class VLLMEngine(InferenceEngine):
         self.engine = engine
         self.share = share or _cuda_ipc_handle  # tensor -> (GPU UUID, CUDA IPC handle)
         self.sleep_level = sleep_level
-        self.weight_version = 0  # weight updates loaded into vLLM so far
-        self._pending: Any = model  # a model whose weights vLLM must load before it generates again
+        self.policy_version = 0  # of the weights vLLM samples from (what `sync_weights` was given)
+        # (model, version) whose weights vLLM must load before it generates again
+        self._pending: tuple[Any, int] | None = (model, 0) if model is not None else None
         self._asleep = False
         self._transfer_ready = False
         self._lock = asyncio.Lock()
@@ -101,33 +117,51 @@ class VLLMEngine(InferenceEngine):
         from vllm import AsyncEngineArgs, AsyncLLMEngine
 
         arguments = AsyncEngineArgs(**engine_arguments(config, options, colocated=colocated))
-        return cls(AsyncLLMEngine.from_engine_args(arguments),
-                   sleep_level=options.sleep_level if colocated else 0, model=model)
+        return cls(AsyncLLMEngine.from_engine_args(arguments), sleep_level=_sleep_level(config, options, colocated),
+                   model=model)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
-        await self._ready()
-        final = None
-        async for output in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, vllm_sampling(sampling),
-                                                 request_id or uuid.uuid4().hex):
-            final = output
-        if final is None or not final.outputs:
-            return Generation([], [], "abort")
-        return to_generation(final.outputs[0])
+        generation = None
+        async for event in self.generate_stream(prompt_ids, sampling, request_id=request_id):
+            generation = event
+        return generation
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
                               request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
-        """vLLM's own stream (cumulative outputs) as new token ids, then the Generation."""
+        """vLLM's own stream (cumulative outputs) as new token ids, then the Generation.
+
+        Per-token versions come from vLLM's `weight_versions` spans on the final output (exact: the
+        engine core labels each step's output). Without them, tokens are stamped as chunks arrive:
+        a chunk gets the version that was live when the *previous* chunk arrived (at submission, for
+        the first). Stamping with the version at its own arrival could label tokens newer than the
+        weights that sampled them: vLLM merges outputs a slow reader has not taken yet, so a chunk
+        taken after an update may hold tokens sampled before it. Every token in a chunk was sampled
+        after the tokens of the chunk before, so it is labelled with its true version or an older
+        one, unless vLLM's delivery of an output lags behind a whole update (whose pause first waits
+        for the engine to go idle): conservative, at worst one chunk per update labelled one version
+        older.
+        """
         await self._ready()
-        final, sent = None, 0
+        final, versions = None, []
+        stamp = self.policy_version
         async for output in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, vllm_sampling(sampling),
                                                  request_id or uuid.uuid4().hex):
+            arrived = self.policy_version
             final = output
             token_ids = output.outputs[0].token_ids if output.outputs else ()
-            if len(token_ids) > sent:
-                yield list(token_ids[sent:])
-                sent = len(token_ids)
-        yield Generation([], [], "abort") if final is None or not final.outputs else to_generation(final.outputs[0])
+            new = list(token_ids[len(versions):])
+            versions += [stamp] * len(new)
+            stamp = arrived
+            if new:
+                yield new
+        if final is None or not final.outputs:
+            yield Generation([], [], "abort", versions=[])
+            return
+        generation = to_generation(final.outputs[0])
+        if generation.versions is None:
+            generation.versions = versions[:len(generation.token_ids)]
+        yield generation
 
     # -- colocated with a trainer ------------------------------------------------------------------
     async def release_memory(self) -> None:
@@ -138,8 +172,8 @@ class VLLMEngine(InferenceEngine):
                 self._asleep = True
 
     async def sync_weights(self, model: Any, version: int = 0) -> None:
-        """After the update: wake vLLM, load the trainer's new weights into it, reset its prefix cache."""
-        self._pending = model
+        """After the update: load the trainer's new weights into vLLM (waking it if asleep), as `version`."""
+        self._pending = (model, version)
         await self._ready()
 
     async def _ready(self) -> None:
@@ -148,27 +182,49 @@ class VLLMEngine(InferenceEngine):
             return
         async with self._lock:
             if self._pending is not None:
-                await self._load(self._pending)
-                self._pending = None
+                # Taken before loading: a newer update set meanwhile stays pending for its own caller.
+                (model, version), self._pending = self._pending, None
+                await (self._load_asleep if self._asleep else self._load_awake)(model, version)
+                self.policy_version = version  # after the load: tokens from now on are the new weights'
             elif self._asleep:  # released, then asked to generate without an update in between
                 await self.engine.wake_up(tags=None)
                 self._asleep = False
 
-    async def _load(self, model: Any) -> None:
-        if self._asleep:  # weights first: the KV cache would otherwise take the memory the copy needs
-            await self.engine.wake_up(tags=["weights"])
-        await self._transfer(model)
-        if self._asleep:
-            await self.engine.wake_up(tags=["kv_cache"])
-            self._asleep = False
-        # Cached prefix blocks hold keys and values computed by the old weights.
+    async def _load_asleep(self, model: Any, version: int) -> None:
+        """Synchronous training: nothing is in flight while vLLM sleeps through the update."""
+        # Weights first: the KV cache would otherwise take the memory the copy needs.
+        await self.engine.wake_up(tags=["weights"])
+        await self._transfer(model, version)
+        await self.engine.wake_up(tags=["kv_cache"])
+        self._asleep = False
+        await self._reset_prefix_cache()
+
+    async def _load_awake(self, model: Any, version: int) -> None:
+        """Asynchronous training: the update lands among requests in flight (partial rollouts).
+
+        `keep` freezes them in vLLM's scheduler (no step runs; the pause returns once the step in
+        progress has finished and its outputs are out); `clear_cache=False` because the reset must
+        come after the load. The reset preempts the running requests (vLLM's reset_running_requests:
+        moved back to the waiting queue, KV blocks freed, not aborted): on resume each is prefilled
+        again, prompt and tokens so far, by the new weights, and continues from there. A failed load
+        raises without resuming: half-loaded weights must not sample.
+        """
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        await self._transfer(model, version)
+        await self._reset_prefix_cache()
+        await self.engine.resume_generation()
+
+    async def _reset_prefix_cache(self) -> None:
+        # Cached prefix blocks (and running requests' blocks) hold keys and values the old weights computed.
         if not await self.engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update; refusing to roll out "
                                "from KV blocks the old weights computed")
-        self.weight_version += 1
 
-    async def _transfer(self, model: Any) -> None:
-        """The trainer's parameters into vLLM's model, by CUDA IPC through vLLM's weight-transfer engine."""
+    async def _transfer(self, model: Any, version: int) -> None:
+        """The trainer's parameters into vLLM's model, by CUDA IPC through vLLM's weight-transfer engine.
+
+        `version` becomes vLLM's weight-version label: the outputs of every step from now on carry it.
+        """
         import torch
         from vllm.distributed.weight_transfer.base import (
             WeightTransferInitRequest,
@@ -186,7 +242,7 @@ class VLLMEngine(InferenceEngine):
             info = ipc_update_info([name for name, _ in weights], shared, self.share)
             await self.engine.start_weight_update()
             await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
-            await self.engine.finish_weight_update()
+            await self.engine.finish_weight_update(weight_version=str(version))
             del shared
         if on_gpu:  # release the IPC references vLLM's worker has dropped
             torch.cuda.ipc_collect()
@@ -217,9 +273,15 @@ def engine_arguments(config: Any, options: VLLMOptions, *, colocated: bool) -> d
     if options.max_num_batched_tokens is not None:
         arguments["max_num_batched_tokens"] = options.max_num_batched_tokens
     if colocated:
-        arguments["enable_sleep_mode"] = options.sleep_level > 0
+        arguments["enable_sleep_mode"] = _sleep_level(config, options, colocated) > 0
         arguments["weight_transfer_config"] = {"backend": WEIGHT_TRANSFER_BACKEND}
     return arguments
+
+
+def _sleep_level(config: Any, options: VLLMOptions, colocated: bool) -> int:
+    """vLLM sleeps through synchronous updates only: asynchronous rollouts go on during the update."""
+    synchronous = config.trainer.staleness_bound is None
+    return options.sleep_level if colocated and synchronous else 0
 
 
 def _check_colocatable(options: VLLMOptions, model: Any) -> None:
@@ -286,10 +348,24 @@ def vllm_sampling(sampling: SamplingParams) -> Any:
 
 
 def to_generation(completion: Any) -> Generation:
-    """vLLM's CompletionOutput -> Generation (ids, the sampled tokens' logprobs, finish reason)."""
+    """vLLM's CompletionOutput -> Generation (ids, the sampled tokens' logprobs, finish reason, versions)."""
     token_ids = list(completion.token_ids)
     logprobs = None
     if completion.logprobs is not None:
         logprobs = [float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs, strict=True)]
     finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
-    return Generation(token_ids, logprobs, finish)
+    return Generation(token_ids, logprobs, finish, versions=span_versions(completion))
+
+
+def span_versions(completion: Any) -> list[int] | None:
+    """Per token, the policy version of the weights that sampled it, from vLLM's `weight_versions` spans.
+
+    None where vLLM reports none (not the final output) or its labels are not ours (vLLM's
+    "default" before `sync_weights` first labelled the weights), or the spans do not cover the tokens.
+    """
+    versions: list[int] = []
+    for span in getattr(completion, "weight_versions", None) or ():
+        if not str(span.version).lstrip("-").isdigit() or span.start != len(versions):
+            return None
+        versions += [int(span.version)] * (span.end - span.start)
+    return versions if versions and len(versions) == len(completion.token_ids) else None

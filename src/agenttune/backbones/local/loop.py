@@ -1,7 +1,9 @@
 """The local training loop: roll out a batch, take a GRPO step, validate, checkpoint, repeat.
 
-Rollouts and training share one model object: the `hf` engine samples from the very weights the
-trainer updates, so nothing is copied between steps.
+When synchronous, rollouts and training share one model object: the `hf` engine samples from the
+very weights the trainer updates, so nothing is copied between steps (`vllm` holds its own copy,
+asleep during the update). When asynchronous, the engine samples from weights of its own (`hf`: a
+frozen copy; `vllm`: its own, never asleep) that `engine.sync_weights` refreshes after every step.
 """
 
 from __future__ import annotations
@@ -184,12 +186,13 @@ def _seed_everything(seed: int) -> None:
 
 # -- the loop ---------------------------------------------------------------------------------------
 async def training_loop(run: Run, setup: Setup) -> None:
-    from agenttune.engines import build_engine
+    from agenttune.engines import build_engine, engine_class
     from agenttune.session import rollout_session
 
     config = run.config
     bound = config.trainer.staleness_bound
-    engine = setup.engine = build_engine(config, setup.tokenizer, model=rollout_model(setup.model, bound))
+    rollout_weights = rollout_model(setup.model, bound, engine_copies=engine_class(config).copies_weights)
+    engine = setup.engine = build_engine(config, setup.tokenizer, model=rollout_weights)
     _check_engine(engine, bound)
     _warn_if_uncorrected(config, bound)
     if engine.updates_weights:  # tokens record policy versions from here on
@@ -256,9 +259,10 @@ async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgre
     metrics.update(session.record(step, "train", episodes))
     metrics.update(staleness_metrics(episodes, version=step - 1))
     progress.phase("training (rollouts go on)")
-    # In a thread: the event loop keeps serving the gateway and the workflows meanwhile.
+    # In a thread: the event loop keeps serving the gateway and the workflows meanwhile. No
+    # release_memory: the engine goes on generating during the update (vllm does not sleep).
     metrics.update(await asyncio.to_thread(setup.trainer.step, episodes))
-    await setup.engine.sync_weights(setup.model, step)
+    await setup.engine.sync_weights(setup.model, step)  # lands among requests in flight (partial rollouts)
     setup.pipeline.advance(step)
     _add_perf(metrics, started, waited_s, setup.order.epoch)
     return metrics
@@ -277,10 +281,12 @@ def _add_perf(metrics: dict[str, float], started: float, rollout_s: float, epoch
     })
 
 
-def rollout_model(model: torch.nn.Module, bound: int | None) -> torch.nn.Module:
-    """The weights rollouts sample from: the trained model itself when synchronous (nothing copied);
-    a frozen copy when asynchronous, refreshed by `engine.sync_weights` after each step."""
-    if bound is None:
+def rollout_model(model: torch.nn.Module, bound: int | None, *, engine_copies: bool = False) -> torch.nn.Module:
+    """The model handed to the engine: the trained model itself when synchronous (nothing copied);
+    when asynchronous a frozen copy, refreshed by `engine.sync_weights` after each step, unless the
+    engine keeps a copy of its own (`engine_copies`: vllm only reads the trained model in
+    `sync_weights`, once the step is done; a second copy on the GPU would be wasted)."""
+    if bound is None or engine_copies:
         return model
     import copy
 
@@ -303,9 +309,10 @@ def _warn_if_uncorrected(config: Any, bound: int | None) -> None:
 
 def _check_engine(engine: Any, bound: int | None) -> None:
     if bound is not None and not engine.updates_weights:
-        raise UserError(f"trainer.mode asynchronous needs an engine that takes weight updates between decode steps; "
-                        f"the {engine.name!r} engine does not.",
-                        hint="Use engine.type: hf with trainer.mode: async or one_step_off, or trainer.mode: sync.")
+        raise UserError(f"trainer.mode asynchronous needs an engine that takes weight updates while requests are in "
+                        f"flight and records each token's policy version; the {engine.name!r} engine does not.",
+                        hint="Use engine.type: hf (CPU or GPU) or vllm (GPU) with trainer.mode: async or "
+                             "one_step_off, or trainer.mode: sync with this engine.")
 
 
 async def _validate(session: Any, setup: Setup, progress: TrainingProgress, *, step: int) -> dict[str, float]:
