@@ -11,6 +11,9 @@ a request that arrives while a batch decodes waits for the whole batch.
 Printed: generated tokens/s over the whole rollout, and the batch occupancy: the rows decoded per
 decode step over the requests in flight at that step (decoding + queued), summed over all steps.
 1.0 means no request ever waited for a batch to finish. Target (issue 20): occupancy >= 0.8.
+Also the GIL question: the share of its wall time in batches the decode thread spent on a CPU (the
+rest it waited for the GIL the event loop held, or for a core), and the event loop thread's CPU
+share of the run. `--cpu-threads 1` runs the decode thread with one intra-op thread.
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         rollout = RolloutEngine(config, gateway, FourTurns, NoJudge())
         await rollout.run_tasks(tasks[: min(8, len(tasks))])  # warm-up: threads, caches
         engine.decode_steps.clear()
-        started = time.perf_counter()
+        engine.decode_wall_s = engine.decode_cpu_s = 0.0
+        started, loop_cpu = time.perf_counter(), time.thread_time()
         episodes = await rollout.run_tasks(tasks)
-        elapsed = time.perf_counter() - started
+        elapsed, loop_cpu = time.perf_counter() - started, time.thread_time() - loop_cpu
     await engine.aclose()
     generated = sum(episode.metrics.get("generated_tokens", 0.0) for episode in episodes)
     rows = sum(step[0] for step in engine.decode_steps)
@@ -70,7 +74,12 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     return {"episodes": len(episodes), "failed": sum(e.status.failed for e in episodes),
             "calls": sum(e.metrics.get("calls", 0.0) for e in episodes), "seconds": elapsed,
             "tokens/s": generated / elapsed, "decode steps": len(engine.decode_steps),
-            "mean rows per step": rows / max(len(engine.decode_steps), 1), "occupancy": rows / max(in_flight, 1)}
+            "mean rows per step": rows / max(len(engine.decode_steps), 1), "occupancy": rows / max(in_flight, 1),
+            "ms per decode step": 1000 * engine.decode_wall_s / max(len(engine.decode_steps), 1),
+            # The GIL question: how much of its time in batches the decode thread ran, and how busy the
+            # event loop (gateway, clients, workflows) kept the other core.
+            "decode thread on CPU": engine.decode_cpu_s / max(engine.decode_wall_s, 1e-9),
+            "event loop on CPU": loop_cpu / elapsed}
 
 
 def main() -> None:
@@ -79,7 +88,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="most new tokens per turn")
     parser.add_argument("--max-batch-size", type=int, default=HFOptions().max_batch_size,
                         help="the hf engine's max_batch_size (default: the engine's default)")
+    parser.add_argument("--cpu-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.cpu_threads:
+        import torch
+
+        torch.set_num_threads(args.cpu_threads)
     result = asyncio.run(measure(args))
     if result["failed"]:
         raise SystemExit(f"{result['failed']} episodes failed (see the log above): the figures would mean nothing")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -99,6 +100,9 @@ class HFEngine(InferenceEngine):
         # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
         # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
         self.decode_steps: list[tuple[int, int]] = []
+        # Wall and CPU seconds of the decode thread inside batches: CPU below wall is time it waited
+        # (for the GIL the event loop held, or for a core) — bench/multiturn_rollout.py reports it.
+        self.decode_wall_s = self.decode_cpu_s = 0.0
         self._grammars: GrammarBook | None = None
         self._pending: list[_Request] = []
         self._pending_lock = threading.Lock()  # appended on the event loop, taken by the decode thread
@@ -236,8 +240,11 @@ class HFEngine(InferenceEngine):
     def _run_batch(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
 
+        started, cpu_started = time.perf_counter(), time.thread_time()
         with torch.inference_mode(), _eval_mode(self.model):
             last = self._decode(batch, loop)
+        self.decode_wall_s += time.perf_counter() - started
+        self.decode_cpu_s += time.thread_time() - cpu_started
         # The last rows are answered only after the model's mode is restored: their callers may
         # start training the shared model as soon as they hear back.
         for request, finish in last:
