@@ -54,7 +54,7 @@ def _agentscope_session(session: nox.Session, line: str, agentscope: str) -> Non
     install_core(session, "local")  # the tests run a tiny transformers tokenizer; the example trains locally
     # The math judge runs in the math_agent example's test; the EnvService plugin in the seeds' env loop test.
     session.install(CPU_TORCH, "-e", f"plugins/agentscope[{line}]", agentscope,
-                    "-e", "plugins/judges/gsm8k", "-e", "plugins/judges/envservice")
+                    "-e", "plugins/judges/gsm8k", "-e", "plugins/envservice")
     session.run("pytest", "plugins/agentscope/tests", *session.posargs)
 
 
@@ -94,8 +94,8 @@ def envservice(session: nox.Session) -> None:
     """The EnvService plugin against its test server as a real process; the AppWorld example's smoke run."""
     install_core(session, "local")  # the rollout tests tokenize with the tiny local model
     # AgentScope 1.x for examples/appworld (the seeds' ReActAgent), through the agentscope plugin.
-    session.install(CPU_TORCH, "-e", "plugins/judges/envservice", "-e", "plugins/agentscope[agentscope1]")
-    session.run("pytest", "plugins/judges/envservice/tests", *session.posargs)
+    session.install(CPU_TORCH, "-e", "plugins/envservice", "-e", "plugins/agentscope[agentscope1]")
+    session.run("pytest", "plugins/envservice/tests", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -5,7 +5,7 @@ and the first request of another 5% (their clients retry), and the judge raises 
 agenttune.testing.faults for the plan). The runs must finish all their steps; every failure is
 counted by cause in metrics.jsonl, exactly as the rollout log records it; no episode is missing
 from the log; no thread or process is left behind. The EnvService part (a server that answers 5xx and
-is killed once) is in plugins/judges/envservice/tests/test_faults_envservice.py.
+is killed once) is in plugins/envservice/tests/test_faults_envservice.py.
 """
 
 from __future__ import annotations

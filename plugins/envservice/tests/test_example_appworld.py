@@ -21,7 +21,7 @@ from conftest import free_port, server_command  # noqa: E402
 from agenttune.config_loader import load_config  # noqa: E402
 from agenttune.training import train_from_config  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "appworld"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "appworld"
 
 
 def test_the_appworld_example_config_is_valid() -> None:
