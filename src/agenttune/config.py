@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MadnessCheck = Literal["nonsense", "wrong_toolcall"]
+MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -35,13 +37,18 @@ class ComponentSection(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flatten_named_options(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("type"), str) and isinstance(data.get(data["type"]), dict):
-            nested = data[data["type"]]
-            data = {**nested, **{key: value for key, value in data.items() if key != data["type"]}}
-        return data
+        return flatten_named_options(data)
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+
+def flatten_named_options(data: Any) -> Any:
+    """`{type: x, x: {...}}` (options nested under the component's name) -> the options beside `type`."""
+    if isinstance(data, dict) and isinstance(data.get("type"), str) and isinstance(data.get(data["type"]), dict):
+        nested = data[data["type"]]
+        data = {**nested, **{key: value for key, value in data.items() if key != data["type"]}}
+    return data
 
 
 # ASTune's names for the built-in readers and their split keys, accepted so its configs load unchanged.
@@ -59,7 +66,7 @@ class TaskReaderConfig(ComponentSection):
     def _accept_legacy_names(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = cls._flatten_named_options(data)
+        data = flatten_named_options(data)
         data = {LEGACY_SPLIT_KEYS.get(key, key): value for key, value in data.items()}
         if data.get("type") in LEGACY_READER_TYPES:
             data["type"] = LEGACY_READER_TYPES[data["type"]]
@@ -117,8 +124,8 @@ class RolloutConfig(Section):
     max_response_length_in_one_turn: int = Field(default=512, gt=0, description="Most new tokens per LLM call.")
     episode_timeout: float = Field(default=300.0, gt=0, description="Seconds before an episode is stopped and marked timeout.")
     agent_madness_reward: float = Field(default=0.0, description="Reward given to an episode when a madness check fires.")
-    compute_madness_checklist: list[Literal["nonsense", "wrong_toolcall"]] = Field(
-        default_factory=lambda: ["nonsense", "wrong_toolcall"], description="Madness checks to run."
+    compute_madness_checklist: list[MadnessCheck] = Field(
+        default_factory=lambda: list(MADNESS_CHECKS), description="Madness checks to run."
     )
     trainable_targets: list[str] | None = Field(
         default=None, description="Agent names whose samples are trained; none: every agent."

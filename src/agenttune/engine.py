@@ -51,13 +51,15 @@ class InferenceEngine:
     name: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel]] = NoOptions
     returns_token_ids: ClassVar[bool] = True
+    wants_messages: bool = False  # True: the gateway calls generate_chat (the server renders the prompt)
 
     @classmethod
-    def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
+    def from_config(cls, config: Any, options: Any, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
         """Build the engine for a run (`agenttune.engines.build_engine` calls this).
 
-        `options` is the validated `engine:` section; `model` is an already-loaded model to share
-        with a trainer, for engines that can use one.
+        `options` is the validated `engine:` section (an instance of `cls.Options`, so subclasses
+        annotate it with their own model); `model` is an already-loaded model to share with a
+        trainer, for engines that can use one.
         """
         return cls()
 
@@ -65,6 +67,12 @@ class InferenceEngine:
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> Generation:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement generate()")
+
+    async def generate_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: SamplingParams
+    ) -> tuple[Generation, list[int] | None]:  # pragma: no cover - only engines with wants_messages
+        """Generate from chat messages; returns the generation and the prompt ids, when the server sends them."""
+        raise NotImplementedError(f"{type(self).__name__} sets wants_messages but has no generate_chat()")
 
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

@@ -7,10 +7,7 @@ import json
 from conftest import frameworks, make_config, only_agentscope1
 
 from agenttune import Task
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.plugins import get_component
-from agenttune.rollout import RolloutEngine
+from agenttune.plugin_api import EpisodeStatus, RolloutEngine, ScriptedEngine, get_component
 
 pytestmark = only_agentscope1
 
@@ -18,7 +15,7 @@ pytestmark = only_agentscope1
 async def test_the_seed_math_workflow_runs_unchanged(tiny_tokenizer, tmp_path):
     from seed_math_workflow import MathAgentWorkflow
 
-    from agenttune.gateway import Gateway
+    from agenttune.plugin_api import Gateway
 
     call = "<tool_call>\n" + json.dumps({"name": "execute_python_code",
                                          "arguments": {"code": "print(48 / 2 + 48)"}}) + "\n</tool_call>"

@@ -7,7 +7,7 @@ import asyncio
 from agenttune_envservice import env_for
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.tuner import ModelTuner
+from agenttune.plugin_api import ModelTuner
 
 
 class GuessWorkflow(Workflow):

@@ -13,7 +13,7 @@ from agenttune_envservice.client import (
 from agenttune_envservice.demo_server import secret_of
 from conftest import EnvServer, free_port
 
-from agenttune.http_retry import RetryPolicy
+from agenttune.plugin_api import RetryPolicy
 
 FAST_RETRY = RetryPolicy(attempts=4, backoff=0.05, max_backoff=0.2)
 

@@ -18,8 +18,7 @@ pytest.importorskip("agenttune_agentscope", reason="the AppWorld example needs a
 
 from conftest import free_port, server_command  # noqa: E402
 
-from agenttune.config_loader import load_config  # noqa: E402
-from agenttune.training import train_from_config  # noqa: E402
+from agenttune.plugin_api import load_config, train_from_config  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "appworld"
 

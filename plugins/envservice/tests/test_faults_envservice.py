@@ -24,7 +24,7 @@ from agenttune_envservice import env_for
 from conftest import EnvServer, free_port, server_command, wait_healthy
 
 from agenttune import JudgeResult
-from agenttune.config_loader import load_config
+from agenttune.plugin_api import load_config, train_from_config
 from agenttune.testing.faults import (
     JOURNAL,
     FaultPlan,
@@ -34,7 +34,6 @@ from agenttune.testing.faults import (
     check_run,
     failing_generate,
 )
-from agenttune.training import train_from_config
 
 pytest.importorskip("torch")
 
@@ -105,7 +104,7 @@ class KillOnce:
 
 @pytest.fixture
 def faults(monkeypatch):
-    from agenttune.engines.hf import HFEngine
+    from agenttune.plugin_api import HFEngine
 
     JOURNAL.clear()
     ENVIRONMENTS.clear()

@@ -7,10 +7,7 @@ from collections.abc import Callable
 import pytest
 from conftest import EnvServer
 
-from agenttune.config import TaskReaderConfig
-from agenttune.config_loader import component_options
-from agenttune.errors import UserError
-from agenttune.plugins import get_component
+from agenttune.plugin_api import TaskReaderConfig, UserError, component_options, get_component
 
 
 def reader(**options: object):

@@ -16,9 +16,7 @@ from typing import Any
 import pytest
 from conftest import EnvServer, free_port
 
-from agenttune.config_loader import build_config
-from agenttune.episode import EpisodeStatus
-from agenttune.session import rollout_session
+from agenttune.plugin_api import EpisodeStatus, build_config, rollout_session
 
 TINY = "tiny://envservice?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
 
@@ -153,7 +151,7 @@ async def test_the_server_dying_mid_episode_fails_episodes_not_the_step(
 
 
 async def test_an_unreachable_server_is_a_user_error_when_reading_tasks() -> None:
-    from agenttune.errors import UserError
+    from agenttune.plugin_api import UserError
 
     config = make_config(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UserError, match="Cannot list the 'train' tasks of environment 'guess'.*ConnectError"):

@@ -13,10 +13,8 @@ import yaml
 from agenttune_envservice.launcher import healthy
 from conftest import free_port, server_command
 
-from agenttune.cli.main import main as agenttune_main
-from agenttune.config_loader import load_config
-from agenttune.errors import UserError
-from agenttune.training import train_from_config
+from agenttune.plugin_api import UserError, load_config, train_from_config
+from agenttune.plugin_api import cli_main as agenttune_main
 
 TINY = "tiny://envservice?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
 TESTS = Path(__file__).parent

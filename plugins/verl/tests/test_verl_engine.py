@@ -6,7 +6,7 @@ import pytest
 from agenttune_verl.engine import VerlEngine
 from verl.workers.rollout.replica import TokenOutput
 
-from agenttune.engine import SamplingParams
+from agenttune.plugin_api import SamplingParams
 
 
 class OneReply:

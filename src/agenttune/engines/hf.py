@@ -67,7 +67,7 @@ class HFEngine(InferenceEngine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
         self._pending: list[_Request] = []
-        self._wakeup: asyncio.Event | None = None
+        self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 
 
@@ -105,8 +105,7 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
 
 def _generation(choice: dict[str, Any], token_ids: list[int] | None, logprobs: list[Any] | None,
                 text: str) -> Generation:
-    finish = choice.get("finish_reason") or "stop"
-    finish = finish if finish in ("stop", "length") else "stop"
+    finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
     if not token_ids:  # the server gave text only: keep it, the episode is not trainable
         return Generation([], None, finish, text=text)
     exact = logprobs if logprobs and len(logprobs) == len(token_ids) and None not in logprobs else None

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 
 
@@ -110,14 +110,16 @@ def vllm_sampling(sampling: SamplingParams) -> Any:
     )
 
 
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}  # else: aborted
+
+
 def to_generation(completion: Any) -> Generation:
     """vLLM's CompletionOutput -> Generation (ids, the sampled tokens' logprobs, finish reason)."""
     token_ids = list(completion.token_ids)
     logprobs = None
     if completion.logprobs is not None:
         logprobs = [float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs, strict=True)]
-    finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
-    return Generation(token_ids, logprobs, finish)
+    return Generation(token_ids, logprobs, _FINISH_REASONS.get(completion.finish_reason, "abort"))
 
 
 def _vllm_model(engine: Any) -> Any:

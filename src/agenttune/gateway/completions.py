@@ -160,7 +160,7 @@ class ChatCompletions:
             elif madness.repetition_loop(text_ids):
                 channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")
         if madness.WRONG_TOOLCALL in self.checks:
-            marker = getattr(self.tool_parser, "START", None)
+            marker: str = getattr(self.tool_parser, "START", "")
             without_tools = not request.tools and bool(marker) and marker in parsed.content
             problems = madness.wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
             channel.counters["tool_call_errors"] += len(problems)

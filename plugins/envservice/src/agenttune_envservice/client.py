@@ -28,8 +28,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
-from agenttune.http_retry import RetryPolicy, send_with_retries
-from agenttune.run import get_logger
+from agenttune.plugin_api import RetryPolicy, get_logger, send_with_retries
 
 log = get_logger("envservice.client")
 
@@ -203,7 +202,7 @@ class EnvServiceClient:
         def send() -> Any:
             if self.server_exited:  # no point knocking (or retrying): every episode after the crash fails at once
                 raise _ServerGone()
-            extra = {} if timeout is None else {"timeout": timeout}
+            extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
             return self._http.request(method, path, json=body, **extra)
 
         try:

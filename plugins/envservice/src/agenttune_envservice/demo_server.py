@@ -174,7 +174,7 @@ def build_app(service: GuessService, faults: Faults | None = None) -> Any:
         counters["steps"] += 1
         if faults.exit_after_steps and counters["steps"] >= faults.exit_after_steps:
             os._exit(3)  # the server dies mid-episode, as a crashed environment would
-        return {"success": True, "data": service.step(body.get("instance_id"), body.get("messages") or {})}
+        return {"success": True, "data": service.step(body.get("instance_id", ""), body.get("messages") or {})}
 
     routes = [
         Route("/healthz", lambda request: PlainTextResponse("OK"), methods=["GET"]),

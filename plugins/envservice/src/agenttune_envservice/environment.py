@@ -27,14 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from agenttune.errors import UserError
-from agenttune.http_retry import RetryPolicy
-from agenttune.run import get_logger
+from agenttune.plugin_api import RetryPolicy, UserError, get_logger
 from agenttune_envservice.client import EnvServiceClient, EnvServiceError
 
 if TYPE_CHECKING:
-    from agenttune.task import Task
-    from agenttune.tuner import ModelTuner
+    from agenttune.plugin_api import ModelTuner, Task
 
 log = get_logger("envservice.environment")
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.plugin_api import Judge, JudgeInput, JudgeResult
 from agenttune_envservice.environment import Environment
 
 

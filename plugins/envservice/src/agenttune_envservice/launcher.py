@@ -32,8 +32,7 @@ from typing import IO
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.errors import UserError
-from agenttune.run import get_logger
+from agenttune.plugin_api import UserError, get_logger
 from agenttune_envservice.client import note_server_exit, note_server_launched, note_server_stopped
 from agenttune_envservice.reader import DEFAULT_URL, URL_VARIABLE
 

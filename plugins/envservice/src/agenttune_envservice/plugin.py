@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agenttune.hookspecs import hookimpl
+from agenttune.plugin_api import hookimpl
 
 
 @hookimpl

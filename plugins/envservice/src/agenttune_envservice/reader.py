@@ -16,14 +16,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.errors import UserError
-from agenttune.task import Task
-from agenttune.task_reader import TaskReader
+from agenttune.plugin_api import Task, TaskReader, UserError
 from agenttune_envservice.client import EnvServiceClient, EnvServiceError
 from agenttune_envservice.environment import METADATA_KEY, EnvSpec
 
@@ -80,7 +78,7 @@ class EnvServiceTaskReader(TaskReader):
                      for task_id in task_ids])
 
 
-def run_blocking(function: Callable[[], Awaitable[T]]) -> T:
+def run_blocking(function: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine function to the end from sync code, inside a running event loop or not."""
     try:
         asyncio.get_running_loop()

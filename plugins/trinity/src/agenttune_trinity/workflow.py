@@ -16,9 +16,7 @@ from typing import Any
 from trinity.common.workflows import WORKFLOWS
 from trinity.common.workflows.workflow import Task, Workflow
 
-from agenttune.engine import SamplingParams
-from agenttune.episode import Episode
-from agenttune.rollout_log import RolloutLog, TokenText, to_record
+from agenttune.plugin_api import Episode, RolloutLog, SamplingParams, TokenText, to_record
 from agenttune_trinity.experiences import group_experiences
 from agenttune_trinity.stack import AgentTuneStack, stack_for
 from agenttune_trinity.taskset import task_from_row

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.episode import Episode, Sample
+from agenttune.plugin_api import Episode, Sample
 from agenttune_verl.engine import RequestStats
 
 

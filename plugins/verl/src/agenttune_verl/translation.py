@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
+from agenttune.plugin_api import AgentTuneConfig
 
 AGENT_LOOP_NAME = "agenttune"
 
