@@ -18,7 +18,7 @@ import pytest
 from agenttune.rollout_log import read_records
 from agenttune.testing import tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "openai_agent"
 TOOL_CALL = '<tool_call>\n{"name": "lookup_country", "arguments": {"country": "France"}}\n</tool_call>'
 ANSWER = "Paris is the capital."

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
+QUICKSTART = Path(__file__).resolve().parents[3] / "examples" / "quickstart"
 
 
 def load_module(name: str):

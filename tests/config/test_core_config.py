@@ -14,7 +14,7 @@ from agenttune.config_docs import generate
 from agenttune.config_loader import load_config
 from agenttune.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- priority: defaults < YAML < AGENTTUNE_* environment < key=value < flags --------------------------

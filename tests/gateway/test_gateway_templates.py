@@ -1,6 +1,6 @@
 """Exact timelines with real model families' chat templates (Qwen2.5, Qwen3 thinking and not).
 
-The templates (tests/data) are the official ones; they run on the tiny tokenizer, which has the same
+The templates (tests/data/) are the official ones; they run on the tiny tokenizer, which has the same
 special tokens. The reference is transformers' `apply_chat_template` on the same conversation.
 """
 
@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.testing.gateways import running_gateway
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Arithmetic",
                                            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
 expect = sync_api.expect
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 TRAIN_1 = "step 1 · train"
 
 

@@ -1,6 +1,6 @@
 """`rollout.workflow_processes`: workflows and their gateways in worker processes, the engine in the trainer's.
 
-The rollout engine's own tests (tests/test_rollout_engine.py) run their main cases both ways; these
+The rollout engine's own tests (tests/rollout/test_rollout_engine.py) run their main cases both ways; these
 cover what only worker processes have: where the code runs, each worker's own gateway (HTTP too),
 engine calls that must stop when their episode does, a worker that dies, cleanups that must run
 where the workflow registered them, and what cannot cross a process boundary.

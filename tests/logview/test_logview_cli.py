@@ -18,7 +18,7 @@ from logview_runs import write_run
 
 from agenttune.logview.server import exposure_warning, is_loopback
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "openai_agent"
 URL = re.compile(r"http://[^\s/]+/")
 

@@ -1,6 +1,6 @@
 """The log viewer never serves anything from outside its root, whatever path it is asked for.
 
-tests/test_logview_api.py checks the known tricks one by one (../, absolute paths, symlinks, other
+tests/logview/test_logview_api.py checks the known tricks one by one (../, absolute paths, symlinks, other
 files). Here hypothesis builds paths out of the same ingredients and worse (encoded dots, NUL bytes,
 backslashes, doubled slashes, Unicode look-alikes, very long names) against a real viewer. A canary
 run sits beside the root: its text must never appear in an answer, and no answer may be a 5xx.

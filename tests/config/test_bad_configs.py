@@ -1,4 +1,4 @@
-"""The bad-configuration corpus (tests/bad_configs/): every malformed config is refused the same way.
+"""The bad-configuration corpus (tests/config/bad_configs/): every malformed config is refused the same way.
 
 Each `*.yaml` there but `valid.yaml` breaks one thing: YAML syntax, unknown keys, wrong types,
 impossible numbers, unknown plugins, bad code references, missing files, bad overrides and

@@ -1,4 +1,4 @@
-"""Fuzzing the gateway where tests/test_gateway_fuzz.py does not reach: any Unicode (lone surrogates
+"""Fuzzing the gateway where tests/gateway/test_gateway_fuzz.py does not reach: any Unicode (lone surrogates
 included), any nesting depth, any token ids from the model, and abuse of the HTTP connection itself.
 
 The properties: never a 5xx, every answer is valid UTF-8 JSON (or SSE), and the server keeps
