@@ -2,6 +2,7 @@
 
     nox                 every session (what CI runs)
     nox -s tests        the core
+    nox -s fast -R      the core without its slow and browser tests (under a minute): while you work
     nox -s verl -R      one plugin, reusing its virtualenv (fast iteration)
 
 On a CPU-only machine torch is installed first from its CPU wheel (`torch==2.13.0`) so that no
@@ -32,6 +33,14 @@ def tests(session: nox.Session) -> None:
     """The core: plugin system, config, CLI, gateway, rollouts, the debug and local backbones."""
     install_core(session, "local")
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def fast(session: nox.Session) -> None:
+    """The core's quick tests: not `slow` (end-to-end runs, worker processes, fuzzing, installs), not `browser`."""
+    install_core(session, "local")
+    session.install("pytest-xdist>=3.5")
+    session.run("pytest", "tests", "-m", "not slow and not browser", "-n", "2", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -87,6 +96,30 @@ def trinity(session: nox.Session) -> None:
     session.install("--no-deps", "trinity-rft==0.6.0")
     session.install(CPU_TORCH, "-e", ".[dev,local]", "-e", "plugins/trinity[cpu]")
     session.run("pytest", "plugins/trinity/tests", *session.posargs)
+
+
+VLLM = "vllm==0.33.0"
+# What the vLLM modules the `vllm` engine uses import (vllm, sampling_params, outputs, logprobs,
+# engine.arg_utils, v1.engine.async_llm, distributed.weight_transfer), at vLLM 0.33.0's own pins
+# where it has them; the rest of its requirements (CUDA kernels, flashinfer, torch 2.14) are not
+# installed: nothing here runs on a GPU.
+VLLM_CPU_IMPORTS = (
+    "transformers>=5.16.1,<5.21", "msgspec", "cbor2", "pyzmq>=25.0.0", "aiohttp>=3.14.4", "requests>=2.33.0",
+    "oss-harmony>=0.0.11", "cloudpickle", "pybase64", "cachetools", "py-cpuinfo", "prometheus_client>=0.18.0",
+    "fastapi>=0.133.0,<0.137.0", "partial-json-parser", "llguidance>=1.7.0,<1.8.0", "uvloop",
+)
+
+
+@nox.session(python=PYTHON, default=False)
+def vllm(session: nox.Session) -> None:
+    """The `vllm` engine's calls against vLLM 0.33.0's real classes and signatures, on CPU (no GPU, no CUDA).
+
+    Not a default session: vLLM's wheel alone is 340 MB (the environment about 3.8 GB with CPU torch).
+    """
+    install_core(session, "local")
+    session.install("--no-deps", VLLM)  # its requirements pull CUDA torch 2.14 and GPU kernels
+    session.install(CPU_TORCH, *VLLM_CPU_IMPORTS)
+    session.run("pytest", "tests/test_vllm_api.py", "tests/test_local_vllm_engine.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

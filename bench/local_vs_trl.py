@@ -2,16 +2,23 @@
 
     python bench/local_vs_trl.py                       # 8 prompts x 8 generations, 32 new tokens, 4 steps
     python bench/local_vs_trl.py --steps 6 --prompts 16
+    python bench/local_vs_trl.py --device cuda --model 'tiny://q15?layers=28&hidden=1536&heads=12&kv_heads=2&intermediate=8960' \
+        --prompts 16 --generations 8 --max-tokens 128 --json results.json   # the GPU figure (issue 20)
 
-Both train `tiny://default` (a 0.7M-parameter Qwen2-architecture model built on this machine) with
-GRPO on the same single-turn prompts, on CPU, with the same reward: a fixed pseudo-random function
+Both train the same model (`--model`, default `tiny://default`: a 0.7M-parameter Qwen2-architecture
+model built on this machine; `tiny://NAME?layers=..&hidden=..` builds larger shapes with random weights)
+with GRPO on the same single-turn prompts, on the same device (`--device cpu|cuda`; bf16 on CUDA), with
+the same reward: a fixed pseudo-random function
 of the completion text (so every group has a reward spread and both trainers do the full work).
 agenttune's rollouts go through its real product path: the workflow's OpenAI client, the gateway,
 the batching `hf` engine sharing the trained weights. TRL generates with `model.generate`.
 
 Printed per trainer (the first step is a warm-up and is left out of the averages):
 rollout tokens/s (generated tokens / generation time), training tokens/s (prompt + completion tokens
-/ time of the policy update) and wall time per step, and the ratio agenttune / TRL. Needs `trl`
+/ time of the policy update), wall time per step and, on CUDA, peak GPU memory; and the ratio
+agenttune / TRL. `--json PATH` writes them (with `rollout_tokens_per_s_ratio` and
+`wall_time_per_step_ratio`). `--lora R` trains a rank-R LoRA adapter on both sides,
+`--gradient-checkpointing` turns it on for both. Needs `trl`
 (`pip install 'agenttune[bench]'`). Other processes on the machine skew both sides alike; run it on a
 quiet machine for numbers worth quoting.
 """
@@ -31,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agenttune import Judge, JudgeResult, Workflow, WorkflowOutput  # noqa: E402
 
-MODEL = "tiny://default"
+DEFAULT_MODEL = "tiny://default"
 
 
 def reward_of(text: str) -> float:
@@ -69,26 +76,46 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
         "workflow": "local_vs_trl:SingleTurn",
         "judge": {"judge_protocol": "local_vs_trl:TextHashJudge"},
         "task_reader": {"type": "file", "path": str(data)},
-        "model": {"path": MODEL},
+        "model": {"path": args.model},
         "rollout": {"num_repeat": args.generations, "max_env_worker": args.prompts * args.generations,
                     "temperature": 1.0, "max_response_length_in_one_turn": args.max_tokens},
         "data": {"train_batch_size": args.prompts, "shuffle": False},
         "algorithm": {"kl_coef": 0.0, "loss_agg_mode": "token-mean"},
         "trainer": {"total_steps": args.steps, "learning_rate": 1e-5, "save_freq": args.steps, "seed": 0},
-        "local": {"device": "cpu", "micro_batch_tokens": 1 << 20, "plot": False},
+        "local": {"device": args.device, "micro_batch_tokens": 1 << 20, "plot": False, "lora_rank": args.lora,
+                  "gradient_checkpointing": args.gradient_checkpointing},
         "monitor": {"tensorboard": False},
     }
+    _reset_peak_memory(args.device)
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
     run = train_from_config(load_config(path, [], backbone="local"), run_dir=workdir / "agenttune-run")
     records = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    peak = _peak_memory_gib(args.device)
     return [{
         "rollout_s": r["perf/rollout_time_s"],
         "generated_tokens": r["tokens/generated_total"],
         "train_s": r["perf/train_time_s"],
         "train_tokens": r["train/tokens"],
         "step_s": r["perf/step_time_s"],
+        "peak_gib": peak,
     } for r in records if r["step"] >= 1]
+
+
+def _reset_peak_memory(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_memory_gib(device: str) -> float:
+    if device != "cuda":
+        return float("nan")
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30
 
 
 # -- TRL ---------------------------------------------------------------------------------------------
@@ -101,10 +128,12 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
     from agenttune.model_loading import resolve_model_path
 
     torch.manual_seed(0)
-    path = resolve_model_path(MODEL)
+    _reset_peak_memory(args.device)
+    path = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    cuda = args.device == "cuda"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
     dataset = datasets.Dataset.from_list(
         [{"prompt": [{"role": "user", "content": q}]} for q in prompts(args.prompts * args.steps)])
     steps: list[dict[str, float]] = []
@@ -144,14 +173,21 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
     config = GRPOConfig(
         output_dir=str(workdir / "trl-run"), per_device_train_batch_size=args.prompts * args.generations,
         num_generations=args.generations, max_completion_length=args.max_tokens, max_steps=args.steps,
-        learning_rate=1e-5, beta=0.0, temperature=1.0, use_cpu=True, report_to=[], logging_steps=1,
+        learning_rate=1e-5, beta=0.0, temperature=1.0, use_cpu=not cuda, report_to=[], logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=0, gradient_accumulation_steps=1, loss_type="grpo",
-        bf16=False,
+        bf16=cuda, gradient_checkpointing=args.gradient_checkpointing,
     )
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StepTimer()])
+                          processing_class=tokenizer, callbacks=[StepTimer()], peft_config=peft_config)
     trainer.train()
-    return steps
+    peak = _peak_memory_gib(args.device)
+    return [{**step, "peak_gib": peak} for step in steps]
 
 
 # -- the table --------------------------------------------------------------------------------------
@@ -161,7 +197,26 @@ def summarise(steps: list[dict[str, float]]) -> dict[str, float]:
         "rollout tokens/s": sum(s["generated_tokens"] for s in measured) / sum(s["rollout_s"] for s in measured),
         "training tokens/s": sum(s["train_tokens"] for s in measured) / sum(s["train_s"] for s in measured),
         "wall time per step (s)": statistics.fmean(s["step_s"] for s in measured),
+        "peak GPU memory (GiB)": measured[-1]["peak_gib"],
     }
+
+
+JSON_KEYS = {"rollout tokens/s": "rollout_tokens_per_s", "training tokens/s": "training_tokens_per_s",
+             "wall time per step (s)": "wall_time_per_step", "peak GPU memory (GiB)": "peak_gpu_memory_gib"}
+
+
+def as_json(args: argparse.Namespace, ours: dict[str, float], theirs: dict[str, float]) -> dict:
+    """The figures and their ratios (agenttune over TRL), NaN (no GPU) as null."""
+    def number(value: float) -> float | None:
+        return None if value != value else value
+
+    result: dict = {"settings": vars(args), "agenttune": {}, "trl": {}}
+    for metric, key in JSON_KEYS.items():
+        result["agenttune"][key] = number(ours[metric])
+        result["trl"][key] = number(theirs[metric])
+        ratio = ours[metric] / theirs[metric] if theirs[metric] else float("nan")
+        result[f"{key}_ratio"] = number(ratio)
+    return result
 
 
 def main() -> None:
@@ -170,6 +225,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt (the GRPO group)")
     parser.add_argument("--max-tokens", type=int, default=32, help="most new tokens per completion")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a model path or tiny://NAME?layers=..&hidden=..")
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures and ratios here")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
@@ -180,7 +240,7 @@ def main() -> None:
         ours = summarise(run_agenttune(args, Path(tmp)))
         configure_logging(None)
         theirs = summarise(run_trl(args, Path(tmp)))
-    table = Table(title=f"GRPO on {MODEL}, CPU: {args.prompts} prompts x {args.generations} generations, "
+    table = Table(title=f"GRPO on {args.model}, {args.device}: {args.prompts} prompts x {args.generations} generations, "
                         f"<= {args.max_tokens} new tokens, {args.steps} steps (first left out)")
     for column in ("metric", "agenttune local", "TRL GRPOTrainer", "ratio agenttune/TRL"):
         table.add_column(column, justify="left" if column == "metric" else "right")
@@ -189,6 +249,9 @@ def main() -> None:
         table.add_row(metric, f"{ours[metric]:,.2f}", f"{theirs[metric]:,.2f}", f"{ratio:.2f}x")
     Console().print(table)
     print("(tokens/s: higher is better; wall time per step: lower is better)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(as_json(args, ours, theirs), indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -171,6 +171,7 @@ def test_tasks_are_accepted_as_they_are(tmp_path):
     assert list(resolve_task_reader(config).read("train")) == tasks
 
 
+@pytest.mark.slow
 def test_import_agenttune_does_not_import_the_trainer_or_heavy_libraries():
     code = ("import sys, agenttune; print(sorted(m for m in ('agenttune.trainer', 'torch', 'datasets', "
             "'transformers') if m in sys.modules)); agenttune.Trainer; print('agenttune.trainer' in sys.modules)")

@@ -147,6 +147,7 @@ def listed(venv: Path, **env: str) -> dict[str, dict]:
     return {entry["name"]: entry for entry in json.loads(result.stdout)}
 
 
+@pytest.mark.slow
 def test_installed_plugins_are_listed_with_what_they_provide(venv):
     plugins = listed(venv)
     countdown = plugins["countdown"]
@@ -158,6 +159,7 @@ def test_installed_plugins_are_listed_with_what_they_provide(venv):
     assert "clash" not in plugins  # disabled by AGENTTUNE_DISABLE_PLUGINS
 
 
+@pytest.mark.slow
 def test_a_plugin_that_fails_to_import_is_listed_as_broken_and_the_cli_keeps_working(venv):
     result = agenttune(venv, "plugins", "list", "--json")
     broken = {entry["name"]: entry for entry in json.loads(result.stdout)}["broken"]
@@ -169,6 +171,7 @@ def test_a_plugin_that_fails_to_import_is_listed_as_broken_and_the_cli_keeps_wor
     assert table.returncode == 0 and "BROKEN" in table.stdout
 
 
+@pytest.mark.slow
 def test_installed_components_work_from_a_config(venv, tmp_path):
     conf = tmp_path / "countdown.yaml"
     conf.write_text("task_reader:\n  type: countdown\n  numbers: 2\n", encoding="utf-8")
@@ -181,6 +184,7 @@ def test_installed_components_work_from_a_config(venv, tmp_path):
     assert (command.returncode, command.stdout) == (0, "hello from agenttune-plugin-countdown\n")
 
 
+@pytest.mark.slow
 def test_load_and_disable_lists(venv):
     only = listed(venv, AGENTTUNE_LOAD_PLUGINS="agenttune-plugin-countdown")
     assert set(only) == {"builtins", "countdown"}  # the built-ins always load
@@ -205,6 +209,7 @@ def test_two_distributions_providing_one_name_stop_with_both_named(venv):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_uninstalled_plugins_disappear(venv):
     pip(venv, "uninstall", "--yes", "--quiet", "agenttune-plugin-countdown")
     try:

@@ -18,8 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agenttune.rollout_correction import RolloutCorrectionOptions
+
 MadnessCheck = Literal["nonsense", "wrong_toolcall"]
 MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -120,10 +123,19 @@ class RolloutConfig(Section):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
     top_k: int = Field(default=-1, description="Top-k sampling; -1 disables it.")
     val_temperature: float = Field(default=0.0, ge=0, description="Temperature for validation (0 = greedy).")
-    max_turns: int = Field(default=8, gt=0, description="Most LLM calls (or environment steps) per episode.")
+    max_turns: int = Field(
+        default=8, gt=0, description="Most model calls per agent per episode: the gateway refuses the next one "
+                                     "(400 max_turns_exceeded, status turn_limit). Workflows also use it to bound "
+                                     "their environment steps.")
     max_response_length_in_one_turn: int = Field(default=512, gt=0, description="Most new tokens per LLM call.")
     episode_timeout: float = Field(default=300.0, gt=0, description="Seconds before an episode is stopped and marked timeout.")
     agent_madness_reward: float = Field(default=0.0, description="Reward given to an episode when a madness check fires.")
+    context_overflow_reward: float | None = Field(
+        default=None, description="Reward of an episode that ended because its conversation outgrew "
+                                  "model.max_model_len (status context_overflow); none: the judge scores it.")
+    turn_limit_reward: float | None = Field(
+        default=None, description="Reward of an episode that ended because an agent asked for more than "
+                                  "rollout.max_turns model calls (status turn_limit); none: the judge scores it.")
     compute_madness_checklist: list[MadnessCheck] = Field(
         default_factory=lambda: list(MADNESS_CHECKS), description="Madness checks to run."
     )
@@ -135,8 +147,13 @@ class RolloutConfig(Section):
 class DataConfig(Section):
     train_batch_size: int = Field(default=8, gt=0, description="Tasks per training step (each run num_repeat times).")
     val_batch_size: int | None = Field(default=None, gt=0, description="Tasks per validation batch; none: the whole split.")
-    max_prompt_length: int = Field(default=2048, gt=0, description="Longest first prompt (tokens) kept for training.")
-    max_response_length: int = Field(default=2048, gt=0, description="Longest merged response (tokens) kept for training.")
+    max_prompt_length: int | None = Field(
+        default=None, gt=0, description="Longest prompt (tokens) a trained sample may have; none: model.max_model_len - "
+                                        "rollout.max_response_length_in_one_turn. Longer merged samples are split at "
+                                        "call boundaries, never cut.")
+    max_response_length: int | None = Field(
+        default=None, gt=0, description="Longest merged response (tokens) a trained sample may have; none: "
+                                        "model.max_model_len (nothing the gateway let through is split).")
     shuffle: bool = Field(default=True, description="Shuffle the train split every epoch (seeded).")
 
 
@@ -150,6 +167,10 @@ class AlgorithmConfig(Section):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = Field(
         default="token-mean", description="How per-token losses are averaged."
     )
+    rollout_correction: RolloutCorrectionOptions = Field(
+        default_factory=RolloutCorrectionOptions,
+        description="Importance weights and rejection for tokens the engine sampled off-policy (verl 0.9.1's "
+                    "names; off by default). See docs/local.md.")
 
 
 class TrainerConfig(Section):
@@ -166,6 +187,18 @@ class TrainerConfig(Section):
     seed: int = Field(default=42, description="Seed for data order, sampling and initialisation.")
     n_gpus_per_node: int = Field(default=1, ge=0, description="GPUs per node (cluster backbones).")
     nnodes: int = Field(default=1, gt=0, description="Nodes (cluster backbones).")
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        default="sync", description="sync: roll out a batch, then train on it. async: groups for later steps roll out "
+        "while a step trains, from the engine's own copy of the weights (refreshed after every update, also "
+        "mid-episode), within `max_staleness`. one_step_off: async with max_staleness 1 (verl's one-step off-policy).")
+    max_staleness: int = Field(
+        default=1, ge=0, description="async: the most policy versions a trained token may lag behind the weights being "
+        "trained; groups with older tokens are dropped and counted (async/dropped_groups).")
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """How many versions rollouts may run ahead of training; None: synchronous."""
+        return {"sync": None, "one_step_off": 1}.get(self.mode, self.max_staleness)
 
 
 class WarmupConfig(Section):
@@ -253,6 +286,16 @@ class AgentTuneConfig(BaseSettings):
 
     # The directory of the YAML file: workflow and judge modules next to it are importable.
     _source_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _length_limits_from_the_model(self) -> AgentTuneConfig:
+        """Unset training length limits follow the model's: a merged sample is never cut by default."""
+        if self.data.max_prompt_length is None:
+            room = self.model.max_model_len - self.rollout.max_response_length_in_one_turn
+            self.data.max_prompt_length = max(room, 1)
+        if self.data.max_response_length is None:
+            self.data.max_response_length = self.model.max_model_len
+        return self
 
     @property
     def source_dir(self) -> Path | None:

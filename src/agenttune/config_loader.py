@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import re
 from collections.abc import Hashable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -49,7 +50,31 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"Config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}.",
                         hint="Start it with top-level keys such as `workflow:` and `task_reader:`.")
-    return unwrapped(data)
+    return unwrapped(joined_surrogates(data, str(path)))
+
+
+def joined_surrogates(value: Any, source: str, key: str = "") -> Any:
+    """Strings with UTF-16 surrogate escapes ("\\ud83d\\udd0d", as JSON writers emit emoji) made whole.
+
+    YAML reads each escape as its own character, so a pair arrives as two lone surrogates that no
+    encoder accepts (they would fail much later, deep in a tokenizer). Pairs are joined; a lone
+    surrogate is an error naming the key.
+    """
+    if isinstance(value, dict):
+        return {k: joined_surrogates(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [joined_surrogates(v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str) or not _SURROGATE.search(value):
+        return value
+    try:
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        raise UserError(f"{source}: the string at {key or 'the top level'} holds a lone UTF-16 surrogate (an "
+                        "unpaired \\ud800-\\udfff escape), which is not text.",
+                        hint="Write the character itself, or escape it as a complete pair (or as \\UXXXXXXXX).") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -91,7 +116,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    return key.strip().split("."), joined_surrogates(value, f"override {text!r}", key.strip())
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

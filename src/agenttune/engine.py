@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -10,6 +11,27 @@ from pydantic import BaseModel
 from agenttune.judge import NoOptions
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+GuideKind = Literal["json_schema", "structural_tag"]
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A grammar the reply must follow, enforced while decoding (tool_choice, response_format).
+
+    `kind` is `json_schema` (`spec`: the schema as JSON text) or `structural_tag` (`spec`: an
+    xgrammar/vLLM structural tag as JSON text: tagged tool calls with JSON-schema arguments).
+    Engines with `enforces_guides` mask the logits so that only tokens the grammar allows can be
+    sampled; the logprobs they report are those of the masked distribution (what was sampled from).
+    """
+
+    kind: GuideKind
+    spec: str
+
+
+class GuideError(ValueError):
+    """The engine cannot build the grammar of a request's guide (e.g. a JSON-schema feature it lacks)."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +43,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    guide: Guide | None = None
 
 
 @dataclass
@@ -30,6 +53,11 @@ class Generation:
     `token_ids` are the generated ids exactly as sampled (the truth that is trained on);
     `logprobs[i]` is the sampling logprob of `token_ids[i]`, or None when the engine cannot report it.
     `text` is only set by engines that cannot return ids (then the episode is not trainable).
+    `forced[i]` is True where a guide allowed only `token_ids[i]`: it was not a choice of the model,
+    so it is not trained on (loss mask 0). None: nothing was forced.
+    `versions[i]` is the policy version (optimizer updates applied to the weights) that sampled
+    `token_ids[i]`: a weight update can land mid-generation in asynchronous training. None: the engine
+    does not track versions.
     """
 
     token_ids: list[int]
@@ -37,6 +65,8 @@ class Generation:
     finish_reason: FinishReason
     text: str | None = None
     metadata: dict[str, object] = field(default_factory=dict)
+    forced: list[bool] | None = None
+    versions: list[int] | None = None
 
 
 class InferenceEngine:
@@ -45,13 +75,23 @@ class InferenceEngine:
     `name` is the config's `engine.type`; `Options` validates the rest of the `engine:` section.
     Implementations must be safe to call concurrently from one event loop; engines that batch
     collect concurrent calls into one forward pass. `returns_token_ids` is False for engines that
-    only see text (their episodes are marked not trainable).
+    only see text (their episodes are marked not trainable); `returns_logprobs` is False for engines
+    that cannot report the sampled tokens' logprobs (the gateway checks the others' on every call).
     """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel]] = NoOptions
     returns_token_ids: ClassVar[bool] = True
     wants_messages: bool = False  # True: the gateway calls generate_chat (the server renders the prompt)
+    # False: the engine never reports logprobs; its samples say so and the trainer recomputes them.
+    # True: every generation must carry one finite logprob per token, or the gateway refuses it.
+    returns_logprobs: ClassVar[bool] = True
+    # True: `SamplingParams.guide` is enforced while decoding. False: the gateway counts the request
+    # as `guide_not_enforced` and the reply may break the grammar.
+    enforces_guides: ClassVar[bool] = False
+    # True: `sync_weights` may run while requests are in flight (the update lands between two decode
+    # steps) and generations report per-token `versions`: what asynchronous training needs.
+    updates_weights: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: Any, options: Any, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
@@ -73,6 +113,30 @@ class InferenceEngine:
     ) -> tuple[Generation, list[int] | None]:  # pragma: no cover - only engines with wants_messages
         """Generate from chat messages; returns the generation and the prompt ids, when the server sends them."""
         raise NotImplementedError(f"{type(self).__name__} sets wants_messages but has no generate_chat()")
+
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """The generation as it happens: lists of newly sampled token ids, then the finished `Generation`.
+
+        The ids streamed add up to the Generation's `token_ids`. Closing the iterator early abandons
+        the request. This default streams nothing until the end (engines that cannot stream).
+        """
+        yield await self.generate(prompt_ids, sampling, request_id=request_id)
+
+    async def release_memory(self) -> None:
+        """Before a training update: free what the engine holds on the accelerator.
+
+        For engines with their own copy of the weights on the trainer's GPU (`vllm`: sleep mode).
+        Default: nothing (engines that share the trainer's model object, or run elsewhere).
+        """
+
+    async def sync_weights(self, model: Any, version: int = 0) -> None:
+        """After a training update: sample from `model`'s new weights, as policy `version`, from now on.
+
+        Engines with `updates_weights` take them while requests are in flight (those go on with the
+        new weights at their next token, and generations report per-token `versions`). Default:
+        nothing (an engine that cannot hold weights of its own).
+        """
 
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

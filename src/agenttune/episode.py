@@ -6,9 +6,11 @@ viewer reads. Change them only in backward-compatible ways (new fields with defa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import structlog
 from pydantic import BaseModel, Field
 
 from agenttune.task import Task
@@ -23,10 +25,18 @@ class EpisodeStatus(StrEnum):
     ENGINE_ERROR = "engine_error"  # the inference engine failed a request the workflow could not survive
     MADNESS = "madness"  # a madness check fired; the penalty reward was applied
     NOT_TRAINABLE = "not_trainable"  # the engine returned text without token ids
+    # The conversation outgrew model.max_model_len (the gateway refused a call) and the workflow stopped
+    # there: a normal end, not a crash. Its samples are trained; the judge (or
+    # rollout.context_overflow_reward) scores it.
+    CONTEXT_OVERFLOW = "context_overflow"
+    # An agent asked for more than rollout.max_turns model calls (the gateway refused it) and the workflow
+    # stopped there: a normal end, scored by the judge (or rollout.turn_limit_reward).
+    TURN_LIMIT = "turn_limit"
 
     @property
     def failed(self) -> bool:
-        return self not in (EpisodeStatus.OK, EpisodeStatus.MADNESS, EpisodeStatus.NOT_TRAINABLE)
+        return self not in (EpisodeStatus.OK, EpisodeStatus.MADNESS, EpisodeStatus.NOT_TRAINABLE,
+                            EpisodeStatus.CONTEXT_OVERFLOW, EpisodeStatus.TURN_LIMIT)
 
 
 class Sample(BaseModel):
@@ -44,6 +54,13 @@ class Sample(BaseModel):
     logprobs: list[float]
     num_calls: int = Field(default=1, description="How many LLM calls were merged into this sample.")
     trainable: bool = True
+    engine_logprobs: bool = Field(
+        default=True, description="False: the engine reports no logprobs (it declares so); `logprobs` holds "
+                                  "placeholders and the trainer recomputes them.")
+    policy_versions: list[int] | None = Field(
+        default=None, description="Aligned with `response_ids`: the policy version (optimizer updates) that "
+                                  "sampled each generated token, -1 for context tokens. None: the engine does "
+                                  "not track versions.")
 
     def model_post_init(self, _context: Any) -> None:
         n = len(self.response_ids)
@@ -52,10 +69,104 @@ class Sample(BaseModel):
                 f"sample is misaligned: {n} response ids, {len(self.loss_mask)} mask entries, "
                 f"{len(self.logprobs)} logprobs"
             )
+        if self.policy_versions is not None and len(self.policy_versions) != n:
+            raise ValueError(f"sample is misaligned: {n} response ids, {len(self.policy_versions)} policy versions")
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the generated tokens (None: not tracked)."""
+        generated = [version for version in self.policy_versions or () if version >= 0]
+        return min(generated) if generated else None
 
     @property
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def part(self, start: int, end: int, num_calls: int) -> Sample:
+        """The calls in `response_ids[start:end]` as a sample of their own: what came before is its prompt."""
+        return self.model_copy(update={
+            "prompt_ids": self.prompt_ids + self.response_ids[:start], "response_ids": self.response_ids[start:end],
+            "loss_mask": self.loss_mask[start:end], "logprobs": self.logprobs[start:end], "num_calls": num_calls,
+            "policy_versions": None if self.policy_versions is None else self.policy_versions[start:end]})
+
+
+@dataclass
+class Fitted:
+    """A sample made to fit a trainer's limits: the parts to train, and what could not be kept."""
+
+    parts: list[Sample]
+    split: int = 0  # samples longer than the limits, cut at call boundaries (0 or 1 for one sample)
+    dropped_calls: int = 0  # calls that fit in no part (their prompt or their reply alone is too long)
+    reason: str | None = None  # why calls were dropped: prompt_too_long or call_too_long
+    dropped_tokens: int = 0  # generated tokens in dropped calls (fit_all counts them)
+
+
+def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: int) -> Fitted:
+    """Split a merged sample at call boundaries so that every part fits; never cut inside a call.
+
+    Each part keeps its own full prompt (the first prompt plus everything before its first call), so
+    a part is exactly what the engine saw when it generated those calls. Calls whose prompt is longer
+    than `max_prompt_length`, or whose own reply is longer than `max_response_length`, fit in no part
+    and are dropped (counted by reason). Calls are the runs of generated tokens (loss mask 1).
+    """
+    if len(sample.prompt_ids) <= max_prompt_length and len(sample.response_ids) <= max_response_length:
+        return Fitted([sample])
+    calls = _generated_runs(sample.loss_mask)
+    fitted = Fitted([], split=1)
+    index = 0
+    while index < len(calls):
+        start = calls[index][0]
+        if len(sample.prompt_ids) + start > max_prompt_length:  # later calls' prompts are longer still
+            fitted.dropped_calls += len(calls) - index
+            fitted.reason = "prompt_too_long"
+            break
+        if calls[index][1] - start > max_response_length:
+            fitted.dropped_calls += 1
+            fitted.reason = "call_too_long"
+            index += 1
+            continue
+        last = index
+        while last + 1 < len(calls) and calls[last + 1][1] - start <= max_response_length:
+            last += 1
+        fitted.parts.append(sample.part(start, calls[last][1], last - index + 1))
+        index = last + 1
+    return fitted
+
+
+def fit_all(samples: list[Sample], max_prompt_length: int, max_response_length: int) -> Fitted:
+    """`fit_to_limits` for several samples: all their parts, and what was split or dropped in all."""
+    total = Fitted([])
+    for sample in samples:
+        fitted = fit_to_limits(sample, max_prompt_length, max_response_length)
+        total.parts += fitted.parts
+        total.split += fitted.split
+        total.dropped_calls += fitted.dropped_calls
+        total.dropped_tokens += sample.num_trained_tokens - sum(part.num_trained_tokens for part in fitted.parts)
+    return total
+
+
+def record_fitting(episode: Episode, fitted: Fitted, limits: str) -> None:
+    """Count on the episode what fitting its samples split and dropped (`truncation/...`); warn on a drop."""
+    episode.metrics["truncation/samples_split"] = float(fitted.split)
+    episode.metrics["truncation/calls_dropped"] = float(fitted.dropped_calls)
+    episode.metrics["truncation/trained_tokens_dropped"] = float(fitted.dropped_tokens)
+    if fitted.dropped_calls:
+        structlog.get_logger("agenttune.fitting").warning(
+            f"episode {episode.episode_id}: {fitted.dropped_calls} calls ({fitted.dropped_tokens} generated tokens) "
+            f"fit in no sample within {limits} and were dropped; raise the limits to train on them")
+
+
+def _generated_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of every run of 1s: the calls' generated tokens."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for position, value in enumerate([*mask, 0]):
+        if value and start is None:
+            start = position
+        elif not value and start is not None:
+            runs.append((start, position))
+            start = None
+    return runs
 
 
 class Episode(BaseModel):

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from agenttune.engines.hf import HFEngine
     from agenttune.engines.openai import OpenAIEngine, OpenAIEngineOptions
     from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
-    from agenttune.episode import Episode, EpisodeStatus, Sample
+    from agenttune.episode import Episode, EpisodeStatus, Sample, fit_all, record_fitting
     from agenttune.errors import UserError
     from agenttune.gateway import Gateway
     from agenttune.hookspecs import hookimpl
@@ -80,6 +80,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Episode": ("agenttune.episode", "Episode"),
     "EpisodeStatus": ("agenttune.episode", "EpisodeStatus"),
     "Sample": ("agenttune.episode", "Sample"),
+    "fit_all": ("agenttune.episode", "fit_all"),
+    "record_fitting": ("agenttune.episode", "record_fitting"),
     "Generation": ("agenttune.engine", "Generation"),
     "SamplingParams": ("agenttune.engine", "SamplingParams"),
     "FinishReason": ("agenttune.engine", "FinishReason"),

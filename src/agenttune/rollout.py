@@ -44,6 +44,14 @@ CANCEL_GRACE_S = 5.0
 ERROR_CHARS = 4000
 
 
+class GatewayLimitEnd(WorkflowOutput):
+    """What a workflow "returned" when it raised after the gateway refused a call at a limit
+    (context overflow, turn limit): the episode ended there, it did not crash."""
+
+    status: EpisodeStatus = EpisodeStatus.CONTEXT_OVERFLOW
+    error: str = ""
+
+
 class EpisodeFailure(Exception):
     """Ends an episode early with a status; the message becomes `Episode.error`."""
 
@@ -89,6 +97,7 @@ class RolloutEngine:
         self.max_parallel = max_parallel or config.rollout.max_env_worker
         self.on_episode = on_episode
         self._processes: WorkflowProcesses | None = None  # rollout.workflow_processes > 1: started at first use
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     async def aclose(self) -> None:
         """Stop the workflow processes, if any (rollout_session does this at the end of a run)."""
@@ -111,7 +120,7 @@ class RolloutEngine:
         """Run each task `num_repeat` times (one group per task); episodes come back in task order."""
         num_repeat = num_repeat or self.config.rollout.num_repeat
         sampling = sampling or sampling_params(self.config.rollout)
-        slots = asyncio.Semaphore(self.max_parallel)
+        slots = self._episode_slots()
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
         await self._start_processes()
 
@@ -127,6 +136,14 @@ class RolloutEngine:
                     for repeat in range(num_repeat)
                 ]
         return [job.result() for job in jobs]
+
+    def _episode_slots(self) -> asyncio.Semaphore:
+        """One limit for all batches running at once (asynchronous training runs one per group):
+        `max_parallel` episodes in flight in all."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.max_parallel))
+        return self._slots[1]
 
     async def _start_processes(self) -> None:
         count = self.config.rollout.workflow_processes
@@ -151,6 +168,8 @@ class RolloutEngine:
             tuner = ModelTuner(self._open_channel(episode, sampling), task, self.config, self.frameworks)
             output, madness = await self._roll_out(episode, tuner)
             episode.metrics["workflow_s"] = time.perf_counter() - started
+            if isinstance(output, GatewayLimitEnd):
+                episode.status, episode.error = output.status, output.error
             await self._score(episode, output, dict(tuner.judge_input_dictionary))
             self._apply_madness(episode, madness)
         except EpisodeFailure as failure:
@@ -221,6 +240,12 @@ class RolloutEngine:
             raise EpisodeFailure(EpisodeStatus.CANCELLED, "the workflow was cancelled (it raised CancelledError)")
         error = runner.exception()
         if error is not None:
+            # The agent stopped where the context or its turns ran out: an end, not a crash.
+            if tuner.context_overflow:
+                return GatewayLimitEnd(metadata={"context_overflow": True}, error=describe(error))
+            if tuner.turn_limit:
+                return GatewayLimitEnd(metadata={"turn_limit": True}, status=EpisodeStatus.TURN_LIMIT,
+                                       error=describe(error))
             status = EpisodeStatus.ENGINE_ERROR if _engine_failed(tuner) else EpisodeStatus.WORKFLOW_ERROR
             raise EpisodeFailure(status, describe(error))
         return _workflow_output(runner.result(), self.workflow_cls)
@@ -247,6 +272,11 @@ class RolloutEngine:
     # -- the reward --------------------------------------------------------------------------------------------
     async def _score(self, episode: Episode, output: WorkflowOutput, handed: dict[str, Any]) -> None:
         episode.output = output.metadata
+        limit_reward = {EpisodeStatus.CONTEXT_OVERFLOW: self.config.rollout.context_overflow_reward,
+                        EpisodeStatus.TURN_LIMIT: self.config.rollout.turn_limit_reward}.get(episode.status)
+        if limit_reward is not None:
+            episode.reward, episode.success = limit_reward, False
+            return
         use_judge = self.judge is not None and (output.reward is None or self.config.judge.always_run)
         if not use_judge:
             if output.reward is None:

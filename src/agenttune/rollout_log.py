@@ -107,6 +107,16 @@ class RolloutLog:
                 file.write(record.model_dump_json() + "\n")
         return path
 
+    def replace(self, step: int, split: str, episodes: Sequence[Episode], tokenizer: Decoder | None) -> Path:
+        """Write the step's file anew with these episodes, atomically (readers see the old or the new)."""
+        path = self.path(step, split)
+        staged = RolloutLog(self.dir / ".staging")
+        staged_path = staged.path(step, split)
+        staged_path.unlink(missing_ok=True)
+        staged.write(step, split, episodes, tokenizer)
+        staged_path.replace(path)
+        return path
+
     def files(self) -> list[Path]:
         """The log files, by step then split."""
         return sorted(self.dir.glob("step_*.jsonl")) if self.dir.exists() else []

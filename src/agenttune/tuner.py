@@ -66,6 +66,11 @@ class ModelTuner:
         return bool(self.channel.context_overflow)
 
     @property
+    def turn_limit(self) -> bool:
+        """True once an agent of this episode asked for more than `rollout.max_turns` calls: stop the loop."""
+        return bool(self.channel.turn_limit)
+
+    @property
     def episode_id(self) -> str:
         return self.channel.episode_id
 

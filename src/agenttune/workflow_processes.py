@@ -76,6 +76,16 @@ class WorkerEpisode:
     def engine_failing(self) -> bool:
         return isinstance(self.recorded, EpisodeRecord) and self.recorded.engine_failing
 
+    @property
+    def context_overflow(self) -> bool:
+        """Whether the worker's gateway refused one of this episode's calls for context overflow."""
+        return isinstance(self.recorded, EpisodeRecord) and self.recorded.metrics.get("context_overflow", 0.0) > 0
+
+    @property
+    def turn_limit(self) -> bool:
+        """Whether the worker's gateway refused one of this episode's calls at `rollout.max_turns`."""
+        return isinstance(self.recorded, EpisodeRecord) and self.recorded.metrics.get("turn_limit", 0.0) > 0
+
     def record(self, trainable_targets: list[str] | None = None) -> EpisodeRecord:
         """The record as the worker read it (with the same `rollout.trainable_targets`)."""
         if isinstance(self.recorded, str):

@@ -89,6 +89,7 @@ def test_debug_raises_the_original_error(run_cli, tmp_path):
         main(["--debug", "config", "show", "--conf", str(tmp_path / "missing.yaml")])
 
 
+@pytest.mark.slow
 def test_the_installed_command_prints_one_line_and_debug_a_traceback(tmp_path):
     command = [sys.executable, "-m", "agenttune", "config", "show", "--conf", str(tmp_path / "missing.yaml")]
     plain = subprocess.run(command, capture_output=True, text=True, timeout=60)

@@ -25,6 +25,7 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["plugins", "list"], ["plugins", "list", "--json"]])
 def test_cli_imports_no_heavy_library(args):
     result = subprocess.run([sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, timeout=120)

@@ -104,6 +104,7 @@ def test_a_bad_config_is_one_clear_paragraph_and_exit_code_2(run_cli, in_corpus,
     assert result.stdout.strip() == "", f"stdout should be empty:\n{result.stdout}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["yaml_unclosed_brace", "workflow_module_raises", "missing_data_file"])
 def test_the_installed_command_says_the_same_without_a_traceback(name, tmp_path):
     """Through the real console entry point in a fresh interpreter (what users run)."""

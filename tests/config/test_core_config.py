@@ -199,3 +199,17 @@ def test_config_docs_cover_every_field_with_its_default():
             assert sub.description, f"{section_name}.{name} has no description"
     assert "| `task_reader.path` | str \\| mapping of str | required |" in text
     assert "| `task_reader.dataset_path` | str | required |" in text
+
+
+def test_escaped_surrogate_pairs_in_yaml_are_joined_and_lone_ones_refused(tmp_path):
+    """JSON writers escape emoji as UTF-16 pairs ("\\ud83d\\udd0d"); YAML reads each half alone (issue 24)."""
+    path = tmp_path / "c.yaml"
+    path.write_text('project_name: "find \\ud83d\\udd0d"\ntask_reader:\n  validation_split: "[\\ud83d\\udd0d]"\n',
+                    encoding="utf-8")
+    config = load_config(path, ["experiment_name=\"x\\ud83d\\ude00\""])
+    assert config.project_name == "find \U0001F50D" and config.task_reader.validation_split == "[\U0001F50D]"
+    assert config.experiment_name == "x\U0001F600"
+    config.project_name.encode("utf-8")  # whole characters: any encoder takes them
+    path.write_text('project_name: "half \\ud83d here"\n', encoding="utf-8")
+    with pytest.raises(UserError, match="project_name holds a lone UTF-16 surrogate"):
+        load_config(path)

@@ -97,7 +97,9 @@ async def test_stop_conditions(tiny_model, tiny_tokenizer, prompts):
     await engine.aclose()
 
 
-async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, tiny_tokenizer, prompts):
+@pytest.mark.slow
+async def test_requests_arriving_during_a_batch_join_it(tiny_model, tiny_tokenizer, prompts):
+    """Continuous batching: late requests join the running batch up to max_batch_size rows."""
     engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=16)
     sampling = SamplingParams(temperature=1.0, max_tokens=24)
     prompt_ids = ids(tiny_tokenizer, prompts[2])
@@ -106,7 +108,35 @@ async def test_requests_arriving_during_a_batch_form_the_next_batch(tiny_model, 
     later = [asyncio.create_task(engine.generate(prompt_ids, sampling)) for _ in range(30)]
     results = await asyncio.gather(*first, *later)
     assert all(len(result.token_ids) >= 1 for result in results)
-    assert engine.batch_sizes[0] == 10 and sorted(engine.batch_sizes[1:], reverse=True) == [16, 14]
+    assert engine.batch_sizes[0] == 10 and engine.joined >= 6
+    assert sum(engine.batch_sizes) + engine.joined == 40
+    # decode_steps (rows decoded, requests in flight): the batch filled up to its cap while requests waited
+    assert engine.decode_steps[0][0] == 10 and max(rows for rows, _ in engine.decode_steps) == 16
+    assert all(rows <= min(in_flight, 16) for rows, in_flight in engine.decode_steps)
+    await engine.aclose()
+
+
+async def test_rows_that_join_a_running_batch_decode_exactly_as_alone(tiny_model, tiny_tokenizer, prompts):
+    """A joined row's KV cache is left-padded to the batch's (or the batch's to it): greedy tokens and
+    logprobs must be those of the model alone, for shorter and longer prompts than the batch's."""
+    import torch
+
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=8, batch_wait_ms=0)
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    early = [asyncio.create_task(engine.generate(ids(tiny_tokenizer, prompts[1]), greedy)) for _ in range(2)]
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    late_prompts = [prompts[0], prompts[3], prompts[2], prompts[1] + " More words." * 12]  # wider than the batch by then
+    late = [asyncio.create_task(engine.generate(ids(tiny_tokenizer, text), greedy)) for text in late_prompts]
+    results = await asyncio.gather(*early, *late)
+    assert engine.joined >= 1
+    for text, generation in zip([prompts[1]] * 2 + late_prompts, results, strict=True):
+        prompt_ids = ids(tiny_tokenizer, text)
+        reference = tiny_model.generate(torch.tensor([prompt_ids]), max_new_tokens=16, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)[0, len(prompt_ids):].tolist()
+        assert generation.token_ids == reference[: len(generation.token_ids)]
+        expected = model_logprobs(tiny_model, prompt_ids, generation.token_ids)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
     await engine.aclose()
 
 
@@ -142,6 +172,7 @@ async def test_cancelled_requests_leave_the_batch(tiny_model, tiny_tokenizer, pr
     await engine.aclose()
 
 
+@pytest.mark.slow
 async def test_hf_engine_behind_the_gateway_batches_concurrent_episodes(tiny_model, tiny_tokenizer):
     config = tiny_config(rollout={"max_response_length_in_one_turn": 16})
     engine = build_engine(config, tiny_tokenizer, model=tiny_model)
@@ -184,4 +215,106 @@ async def test_requests_trickling_in_together_share_one_batch(tiny_model, tiny_t
     assert patient.batch_sizes == [12]
     eager = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
     await trickle(eager)
-    assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) == 12
+    assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) + eager.joined == 12
+
+
+async def test_a_kv_cache_budget_sizes_the_batch(tiny_model, tiny_tokenizer, prompts):
+    """max_batch_tokens: rows x the longest row's prompt + max_tokens stays within it; the rest wait and join."""
+    prompt_ids = ids(tiny_tokenizer, prompts[2])
+    sampling = SamplingParams(temperature=1.0, max_tokens=12)
+    reserved = len(prompt_ids) + 12
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=64, max_batch_tokens=3 * reserved + 1)
+    results = await asyncio.gather(*(engine.generate(prompt_ids, sampling) for _ in range(8)))
+    assert all(result.token_ids for result in results)
+    assert max(rows for rows, _ in engine.decode_steps) == 3 and engine.batch_sizes[0] == 3
+    lone = HFEngine(tiny_model, tiny_tokenizer, max_batch_tokens=1)  # a request larger than the budget still runs
+    assert (await lone.generate(prompt_ids, sampling)).token_ids
+    await engine.aclose()
+    await lone.aclose()
+
+
+def test_the_kv_memory_fraction_only_applies_on_cuda(tiny_model, tiny_tokenizer):
+    config = tiny_config(engine={"type": "hf", "kv_cache_memory_fraction": 0.5})
+    engine = build_engine(config, tiny_tokenizer, model=tiny_model)
+    assert engine.max_batch_tokens is None  # CPU: max_batch_size alone
+    config = tiny_config(engine={"type": "hf", "max_batch_tokens": 4096})
+    assert build_engine(config, tiny_tokenizer, model=tiny_model).max_batch_tokens == 4096
+
+
+async def test_a_seeded_request_samples_the_same_alone_or_joining_a_busy_batch(tiny_model, tiny_tokenizer, prompts):
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    prompt_ids = ids(tiny_tokenizer, prompts[3])
+    alone_engine = HFEngine(tiny_model, tiny_tokenizer)
+    alone = await alone_engine.generate(prompt_ids, seeded)
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
+    busy = [asyncio.create_task(engine.generate(ids(tiny_tokenizer, prompts[1]), SamplingParams(max_tokens=40)))
+            for _ in range(4)]
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    joined = await engine.generate(prompt_ids, seeded)
+    await asyncio.gather(*busy)
+    assert engine.joined == 1 and joined.token_ids == alone.token_ids
+    await alone_engine.aclose()
+    await engine.aclose()
+
+
+async def test_a_cancelled_request_frees_its_slot_for_a_waiting_one(tiny_model, tiny_tokenizer, prompts):
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=2, batch_wait_ms=0)
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    long = SamplingParams(temperature=0, max_tokens=400)  # (this greedy reply never reaches a stop token)
+    doomed, busy = (asyncio.create_task(engine.generate(prompt_ids, long)) for _ in range(2))
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    waiting = asyncio.create_task(engine.generate(prompt_ids, SamplingParams(max_tokens=3)))
+    await asyncio.sleep(0.02)
+    doomed.cancel()
+    assert len((await asyncio.wait_for(waiting, timeout=30)).token_ids) <= 3
+    assert not busy.done() and engine.joined == 1  # it took the cancelled row's place in the running batch
+    busy.cancel()
+    await engine.aclose()
+
+
+async def test_a_weight_update_mid_generation_is_recorded_per_token(tiny_model, tiny_tokenizer, prompts):
+    """Asynchronous training: the engine samples from its own copy; an update lands between two decode
+    steps, the request goes on with the new weights, and every token records the version that sampled it."""
+    import copy
+
+    import torch
+
+    engine = HFEngine(copy.deepcopy(tiny_model).requires_grad_(False), tiny_tokenizer)
+    prompt_ids = ids(tiny_tokenizer, prompts[1])
+    greedy = SamplingParams(temperature=0, max_tokens=48, stop_token_ids=[])
+    engine.update_weights(tiny_model, 0)  # a copy of the same weights: version 0
+    alone = await engine.generate(prompt_ids, greedy)
+    assert alone.versions == [0] * len(alone.token_ids)
+
+    trained = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    received: list[int] = []
+    generation = None
+    async for item in engine.generate_stream(prompt_ids, greedy):
+        if isinstance(item, list):
+            received += item
+            if len(received) == 3:
+                await asyncio.to_thread(engine.update_weights, trained, 1)
+        else:
+            generation = item
+    versions = generation.versions
+    switch = versions.index(1)
+    assert 3 <= switch < len(versions) and versions == [0] * switch + [1] * (len(versions) - switch)
+    assert generation.token_ids[:switch] == alone.token_ids[:switch]  # the old weights, greedily, until the switch
+    assert generation.token_ids != alone.token_ids  # then the new ones
+    for mine, theirs in zip(engine.model.parameters(), trained.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert next(tiny_model.parameters()).requires_grad  # the trained model is left as it was
+    await engine.aclose()
+
+
+def test_a_weight_update_from_another_architecture_is_refused(tiny_model, tiny_tokenizer):
+    import torch
+
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    with pytest.raises(ValueError, match="not a copy of the trained model"):
+        engine.update_weights(torch.nn.Linear(2, 2), 1)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from agenttune.engine import SamplingParams
 from agenttune.engines import build_engine
 from agenttune.engines.openai import OpenAIEngine
 from agenttune.errors import UserError
@@ -40,11 +44,24 @@ class FakeVLLM:
         body = await request.json()
         self.requests.append(body)
         ids = self._reply()
+        if body.get("stream"):  # vLLM: one chunk per token, its ids with return_token_ids, then [DONE]
+            return StreamingResponse(self._chunks(ids, body), media_type="text/event-stream")
         choice = {"index": 0, "text": self.tokenizer.decode(ids, skip_special_tokens=True), "finish_reason": "stop",
                   "logprobs": {"token_logprobs": [-0.25] * len(ids), "tokens": []}}
         if self.token_ids and body.get("return_token_ids"):
             choice |= {"token_ids": ids, "prompt_token_ids": body["prompt"]}
         return JSONResponse({"id": "cmpl-1", "object": "text_completion", "choices": [choice]})
+
+    async def _chunks(self, ids, body):
+        for position, token in enumerate(ids):
+            choice = {"index": 0, "text": self.tokenizer.decode([token], skip_special_tokens=True),
+                      "logprobs": {"token_logprobs": [-0.25]},
+                      "finish_reason": "stop" if position == len(ids) - 1 else None}
+            if self.token_ids and body.get("return_token_ids"):
+                choice["token_ids"] = [token]
+            yield f"data: {json.dumps({'id': 'cmpl-1', 'choices': [choice]})}\n\n"
+            await asyncio.sleep(0)
+        yield "data: [DONE]\n\n"
 
     async def chat(self, request: Request) -> JSONResponse:
         body = await request.json()
@@ -62,6 +79,8 @@ class FakeVLLM:
                                                         add_generation_prompt=True, tokenize=False)
             reply["prompt_token_ids"] = self.tokenizer.encode(prompt, add_special_tokens=False)
             reply["choices"][0]["token_ids"] = ids
+        if body.get("logprobs"):  # vLLM: one entry per generated token
+            reply["choices"][0]["logprobs"] = {"content": [{"token": "", "logprob": -0.25} for _ in ids]}
         return JSONResponse(reply)
 
     def app(self) -> Starlette:
@@ -124,6 +143,7 @@ async def test_chat_mode_forwards_messages(token_ids):
     if token_ids:
         assert samples[0].response_ids == tokenizer.encode(REPLIES[0], add_special_tokens=False) + [
             tokenizer.eos_token_id]
+        assert samples[0].logprobs == [-0.25] * len(samples[0].response_ids)
 
 
 async def test_server_errors_become_engine_errors():
@@ -143,3 +163,48 @@ async def test_server_errors_become_engine_errors():
 def test_openai_engine_needs_a_model_name():
     with pytest.raises(UserError, match="engine.model is not set"):
         build_engine(tiny_config(model={"path": ""}, engine={"type": "openai"}), tiny_tokenizer())
+
+
+async def test_tool_choice_and_response_format_go_to_the_server_as_structured_outputs():
+    """Issue 23: the openai engine passes the gateway's guide on as vLLM's `structured_outputs`."""
+    fake = FakeVLLM(tiny_tokenizer())
+    with serve_app(fake.app()) as server_url:
+        config = tiny_config(engine={"type": "openai", "base_url": server_url + "/v1", "model": "served"})
+        engine = build_engine(config, fake.tokenizer)
+        async with Gateway(engine, fake.tokenizer, config) as gateway:
+            channel = gateway.open_episode("e1")
+            client = openai.AsyncOpenAI(base_url="http://in-process/v1", api_key=channel.api_key(), max_retries=0,
+                                        http_client=httpx.AsyncClient(transport=channel.async_transport()))
+            messages = [{"role": "user", "content": "Compute"}]
+            await client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+            await client.chat.completions.create(model="m", messages=messages, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+            await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        await engine.aclose()
+    required, formatted, free = (request.get("structured_outputs") for request in fake.requests)
+    tag = json.loads(required["structural_tag"])["format"]
+    assert tag["type"] == "tags_with_separator" and tag["at_least_one"]
+    assert tag["tags"][0]["begin"] == '<tool_call>\n{"name": "calc", "arguments": '
+    assert json.loads(formatted["structural_tag"])["format"]["json_schema"] == {"type": "object"}
+    assert free is None and channel.metrics().get("guide_not_enforced", 0) == 0
+
+
+@pytest.mark.parametrize("token_ids", [True, False])
+async def test_completions_mode_streams_what_the_server_streams(token_ids):
+    """Issue 23: the openai engine passes the server's stream through, token ids and logprobs exact."""
+    fake = FakeVLLM(tiny_tokenizer(), token_ids=token_ids)
+    with serve_app(fake.app()) as server_url:
+        config = tiny_config(engine={"type": "openai", "base_url": server_url + "/v1", "model": "served"})
+        engine = build_engine(config, fake.tokenizer)
+        prompt = fake.tokenizer.encode("Hello", add_special_tokens=False)
+        events = [event async for event in engine.generate_stream(prompt, SamplingParams(max_tokens=64))]
+        await engine.aclose()
+    *deltas, generation = events
+    expected = fake.tokenizer.encode(REPLIES[0], add_special_tokens=False) + [fake.tokenizer.eos_token_id]
+    assert fake.requests[0]["stream"] is True and fake.requests[0]["prompt"] == prompt
+    if token_ids:
+        assert deltas == [[token] for token in expected]  # one chunk per token, as the server sent them
+        assert generation.token_ids == expected and generation.logprobs == [-0.25] * len(expected)
+    else:  # a server that streams text only: the text is kept, the episode will not be trainable
+        assert deltas == [] and generation.token_ids == [] and "calc" in generation.text
+    assert generation.finish_reason == "stop"

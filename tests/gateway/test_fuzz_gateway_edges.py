@@ -8,6 +8,7 @@ answering `/health` afterwards. Each found bug is pinned by an explicit example 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import threading
@@ -39,8 +40,12 @@ class LiveGateway:
 
     def handle(self, body: bytes, key: str | None = None, path: str = "/v1/chat/completions") -> Any:
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        call = self.gateway.handle("POST", path, headers, body)
-        return asyncio.run_coroutine_threadsafe(call, self.loop).result(timeout=60)
+
+        async def whole() -> Any:  # a streamed reply read to its end, as a client would
+            reply = await self.gateway.handle("POST", path, headers, body)
+            return dataclasses.replace(reply, body=await reply.read(), stream=None)
+
+        return asyncio.run_coroutine_threadsafe(whole(), self.loop).result(timeout=60)
 
     def open(self) -> str:
         return self.gateway.open_episode("fuzz").key
@@ -103,6 +108,7 @@ FIELDS = ["model", "system", "user", "name", "reply", "reasoning", "call_id", "t
           "description", "property", "stop", "flag"]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.fixed_dictionaries({field: any_text for field in FIELDS}), agent=any_text,
        ascii_only=st.booleans())
@@ -170,6 +176,7 @@ escapes = st.sampled_from(['"\\ud800"', '"\\udfff\\ud800"', '"\\ud83d\\ude00"', 
                            "NaN", '"' + "\\\\" * 3 + '"', "{}", "null"])
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ids=token_ids, text_call=st.none() | escapes, tools=st.booleans(), stream=st.booleans(),
        logprobs=st.booleans(), finish=st.sampled_from(["stop", "length", "abort"]))
@@ -229,6 +236,7 @@ def test_connection_abuse_never_kills_the_server(live, name):
     assert live.healthy()
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_during_a_slow_generation_does_not_hurt_the_next(live):
     live.engine.delay = 0.5
     try:

@@ -8,6 +8,7 @@ import re
 
 import httpx
 import openai
+import pytest
 
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.testing import tiny_tokenizer
@@ -51,6 +52,7 @@ async def run_episode(gateway, index: int, *, http: httpx.AsyncClient | None):
     return channel, messages
 
 
+@pytest.mark.slow
 async def test_many_concurrent_episodes_keep_exact_separate_timelines():
     tokenizer = tiny_tokenizer()
     engine = ScriptedEngine(responder=responder(tokenizer), tokenizer=tokenizer)

@@ -99,6 +99,7 @@ def check(reply: httpx.Response) -> None:
         assert reply.text.endswith("data: [DONE]\n\n")
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies)
 def test_random_bodies_in_process(live_gateway, body):
@@ -107,6 +108,7 @@ def test_random_bodies_in_process(live_gateway, body):
         check(client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {channel.key}"}))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=200) | bodies.map(lambda body: json.dumps(body).encode()),
        method=st.sampled_from(["POST", "GET", "PUT", "DELETE"]),

@@ -44,10 +44,18 @@ async def test_async_openai_client_over_http_with_tools_and_streaming(tokenizer)
         content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         calls = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or [])]
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-        assert content == "On it." and [call.index for call in calls] == [0, 1] and finish == ["tool_calls"]
+        assert content == "On it." and finish == ["tool_calls"]
+        assembled = {}  # as OpenAI clients do: the id and name first, then argument fragments by index
+        for call in calls:
+            entry = assembled.setdefault(call.index, {"name": "", "arguments": ""})
+            entry["name"] += call.function.name or ""
+            entry["arguments"] += call.function.arguments or ""
+        assert [(entry["name"], json.loads(entry["arguments"])) for entry in assembled.values()] == [
+            (call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls]
+        assert calls[0].id and calls[0].function.name and calls[0].function.arguments == ""
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == response.usage.completion_tokens
         reasoning = [getattr(c.choices[0].delta, "reasoning_content", None) for c in chunks if c.choices]
-        assert "plan" in reasoning
+        assert "".join(part or "" for part in reasoning) == "plan" and len([r for r in reasoning if r]) > 1
         await client.close()
     assert channel.metrics()["calls"] == 2
 
@@ -121,14 +129,16 @@ async def test_request_features_are_accepted(tokenizer):
 @pytest.mark.parametrize("method, path, body, headers, status, code", [
     ("POST", "/v1/chat/completions", {"messages": USER}, {"Authorization": "Bearer wrong"}, 401, "invalid_api_key"),
     ("POST", "/v1/chat/completions", {"messages": USER}, {}, 401, "invalid_api_key"),
-    ("POST", "/v1/chat/completions", {"messages": USER, "n": 2}, None, 400, None),
-    ("POST", "/v1/chat/completions", b"{not json", None, 400, None),
-    ("POST", "/v1/chat/completions", {"messages": []}, None, 400, None),
-    ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None, 400, None),
+    ("POST", "/v1/chat/completions", {"messages": USER, "n": 2}, None, 400, "unsupported_value"),
+    ("POST", "/v1/chat/completions", b"{not json", None, 400, "invalid_value"),
+    ("POST", "/v1/chat/completions", {"messages": []}, None, 400, "invalid_value"),
+    ("POST", "/v1/chat/completions", {"model": "m"}, None, 400, "missing_required_parameter"),
+    ("POST", "/v1/chat/completions", {"messages": USER, "stream": "yes"}, None, 400, "invalid_type"),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None, 400, "invalid_value"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, 400,
-     None),
-    ("POST", "/v1/chat/completions", {"messages": USER, "max_tokens": 0}, None, 400, None),
-    ("POST", "/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, None, 400, None),
+     "invalid_value"),
+    ("POST", "/v1/chat/completions", {"messages": USER, "max_tokens": 0}, None, 400, "invalid_value"),
+    ("POST", "/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, None, 400, "invalid_value"),
     ("GET", "/v1/chat/completions", None, None, 405, "method_not_allowed"),
     ("POST", "/v1/embeddings", {"input": "x"}, None, 404, "not_found"),
 ])

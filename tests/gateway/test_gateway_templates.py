@@ -76,21 +76,19 @@ def test_merged_context_is_the_template_rendering_of_the_conversation(template, 
     assert tokenizer.decode(context) + "\n" == render(tokenizer, messages, False)
 
 
-def test_qwen3_without_thinking_keeps_what_the_model_saw(tiny_model_path):
+def test_qwen3_without_thinking_starts_a_sample_per_call_prompted_as_the_template_renders(tiny_model_path):
     """With enable_thinking=false the prompt ends in an empty <think> block, which Qwen3's template
-    drops when it re-renders earlier turns. The sample keeps the block (the model saw it); what comes
-    after each reply is exactly what the template writes there."""
+    drops when it re-renders earlier turns. Merging would prompt the engine with ids the template never
+    writes, so every call starts its own sample (issue 24), each prompted exactly as rendered."""
     import asyncio
 
     tokenizer = tokenizer_with("qwen3_chat_template.jinja", tiny_model_path)
     kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
     engine, channel, history, messages = asyncio.run(tool_loop(tokenizer, [CALL, CALL, "It is 4."], extra_body=kwargs))
-    [sample] = channel.samples()
-    assert sample.num_calls == 3 and channel.metrics()["merge_breaks"] == 0
-    context = tokenizer.decode(sample.prompt_ids + sample.response_ids)
-    assert context.count("<|im_start|>assistant\n<think>\n\n</think>\n\n") == 3
-    for index, prompt in enumerate(engine.prompts[1:], start=1):
-        expected = render(tokenizer, history[index], True, enable_thinking=False)
-        after_reply = expected[expected.rindex("</tool_call>") + len("</tool_call>"):]
-        assert tokenizer.decode(prompt).endswith(after_reply)
-        assert after_reply.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n4\n</tool_response>")
+    samples = channel.samples()
+    metrics = channel.metrics()
+    assert len(samples) == 3 and metrics["merge_break/template_rewrote_history"] == 2
+    for sample, prompt, messages_then in zip(samples, engine.prompts, history, strict=True):
+        assert sample.prompt_ids == prompt
+        assert tokenizer.decode(prompt) == render(tokenizer, messages_then, True, enable_thinking=False)
+        assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

@@ -14,6 +14,7 @@ import gc
 
 import httpx
 import openai
+import pytest
 
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.testing import tiny_tokenizer
@@ -46,6 +47,7 @@ def gateway_objects(objects: list[object]) -> list[str]:
                    if type(item).__module__.split(".")[0] in ("httpx", "agenttune")})
 
 
+@pytest.mark.slow
 def test_async_client_replies_have_elapsed_and_leave_no_cycles():
     engine = ScriptedEngine(["Hello."] * 4, tokenizer=tiny_tokenizer())
 
@@ -77,6 +79,7 @@ def test_async_client_replies_have_elapsed_and_leave_no_cycles():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_sync_client_replies_have_elapsed_and_leave_no_cycles():
     engine = ScriptedEngine(["Hello."] * 2, tokenizer=tiny_tokenizer())
 

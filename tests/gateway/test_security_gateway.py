@@ -6,6 +6,7 @@ from another one.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import socket
 from collections import Counter
@@ -125,3 +126,48 @@ async def test_one_gateway_s_keys_do_not_open_another():
         response = await client.post(f"{second.base_url}/chat/completions", json=CHAT,
                                      headers={"Authorization": f"Bearer {key}"})
         assert response.status_code == 401
+
+
+async def test_open_access_on_another_host_says_that_any_key_is_accepted():
+    from agenttune.gateway import Gateway
+
+    with structlog.testing.capture_logs() as logs:
+        async with Gateway(engine(), tiny_tokenizer(), tiny_config(gateway={"host": "0.0.0.0"}), open_access=True):
+            pass
+    [warning] = [entry["event"] for entry in logs if entry["log_level"] == "warning"]
+    assert "not on loopback" in warning and "every API key is accepted" in warning
+    assert "only protection" not in warning
+
+
+async def test_a_port_in_use_is_a_clear_error_not_an_exit():
+    from agenttune.errors import UserError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserError, match=f"could not listen on 127.0.0.1:{port}"):  # not uvicorn's SystemExit(3)
+            async with running_gateway(engine(), config=tiny_config(gateway={"port": port})):
+                pass
+
+
+def test_open_access_names_conversations_by_key_but_never_logs_what_may_be_a_secret():
+    from agenttune.gateway.server import conversation_name
+
+    assert conversation_name("agent-a") == "agent-a" and conversation_name("default") == "default"
+    for secret in ("sk-proj-abcdefghijklmnop", "x" * 41, "a key with spaces", "../../etc"):
+        name = conversation_name(secret)
+        assert re.fullmatch(r"key-[0-9a-f]{12}", name) and secret not in name
+    assert conversation_name("sk-1") == conversation_name("sk-1") != conversation_name("sk-2")
+
+
+async def test_open_access_files_a_provider_key_under_its_digest():
+    from agenttune.gateway import Gateway
+
+    async with Gateway(engine(), tiny_tokenizer(), tiny_config(), open_access=True) as gateway:
+        async with httpx.AsyncClient(base_url=gateway.base_url) as client:
+            for key in ("sk-live-0123456789abcdef", "my-agent"):
+                response = await client.post("/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"})
+                assert response.status_code == 200, response.text
+        ids = [channel.episode_id for channel in gateway.channels()]
+    assert ids[1] == "my-agent" and re.fullmatch(r"key-[0-9a-f]{12}", ids[0])

@@ -78,6 +78,7 @@ async def test_server_errors_and_missing_scores_are_retried(judge_server: JudgeS
     assert len(judge_server.requests) == 3
 
 
+@pytest.mark.slow
 async def test_a_slow_reply_times_out_and_is_retried(judge_server: JudgeServer) -> None:
     judge_server.script = [Reply("Score: 9", delay=1.5), Reply("Score: 5")]
     result = await make_judge(judge_server, request_timeout=0.3).judge(judge_input())

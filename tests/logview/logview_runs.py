@@ -56,8 +56,11 @@ def episode(step: int, number: int, *, status: EpisodeStatus = EpisodeStatus.OK,
     eos = [tokenizer.eos_token_id]
     response = call + eos + glue + reply + eos
     mask = [1] * (len(call) + 1) + [0] * len(glue) + [1] * (len(reply) + 1)
+    # As in asynchronous training: the weights were updated between the two calls (a partial rollout).
+    versions = [step - 1] * (len(call) + 1) + [-1] * len(glue) + [step] * (len(reply) + 1)
     sample = Sample(prompt_ids=prompt, response_ids=response, loss_mask=mask, num_calls=2,
-                    logprobs=[logprob(step, number, i) if m else 0.0 for i, m in enumerate(mask)])
+                    logprobs=[logprob(step, number, i) if m else 0.0 for i, m in enumerate(mask)],
+                    policy_versions=versions)
     failed = status.failed
     reward = 0.0 if failed else float(number % 2 == 0)
     return Episode(

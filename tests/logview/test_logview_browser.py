@@ -120,12 +120,19 @@ def test_open_a_run_click_a_step_an_episode_and_hover_a_token(page, url, run_dir
     assert tooltip.locator("[data-key=id] .value").inner_text() == str(sample.response_ids[position])
     assert tooltip.locator("[data-key=text] .value").inner_text() == json.dumps(sample.response_tokens[position])
     assert "trained" in tooltip.locator("[data-key=kind] .value").inner_text()
+    assert tooltip.locator("[data-key='policy version'] .value").inner_text() == str(sample.policy_versions[position])
     screenshot(page, "logview-tokens.png")
+    last = trained.last  # sampled after the weight update between the calls
+    last.hover()
+    expect(tooltip.locator("[data-key='policy version'] .value")).to_have_text(
+        str(sample.policy_versions[int(last.get_attribute("data-i"))]))
+    assert sample.policy_versions[int(last.get_attribute("data-i"))] != sample.policy_versions[position]
 
     context = page.locator("#tab-tokens .sample .tok.ctx").first
     context.hover()
     expect(tooltip.locator("[data-key=kind] .value")).to_contain_text("context")
     assert "not sampled" in tooltip.locator("[data-key=logprob] .value").inner_text()
+    assert tooltip.locator("[data-key='policy version']").count() == 0
     assert page.problems == []
 
 

@@ -80,6 +80,7 @@ class Process:
         return code in (0, 130) and "Traceback" not in self.output
 
 
+@pytest.mark.slow
 def test_logview_serves_a_directory_until_ctrl_c(tmp_path):
     write_run(tmp_path / "runs" / "demo" / "run1", steps=1)
     viewer = Process("logview", "--port", "0", cwd=tmp_path)  # no PATH: ./runs
@@ -93,6 +94,7 @@ def test_logview_serves_a_directory_until_ctrl_c(tmp_path):
     assert viewer.stopped_cleanly(), viewer.output
 
 
+@pytest.mark.slow
 def test_a_non_loopback_host_is_warned_about_loudly(tmp_path):
     write_run(tmp_path / "run", steps=1, validation=False)
     viewer = Process("logview", str(tmp_path / "run"), "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)

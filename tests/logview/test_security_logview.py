@@ -51,6 +51,7 @@ def refused_or_inside(response: httpx.Response) -> None:
         assert response.json()["error"]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=paths, absolute=st.booleans(), index=st.integers(-3, 10) | st.text(max_size=5))
 @example(path="outside/rollouts/step_000001_train.jsonl", absolute=True, index=0)

@@ -62,9 +62,12 @@ class CalcAgent(Workflow):
             if delta is None:
                 continue
             content += delta.content or ""
-            for call in delta.tool_calls or []:
-                calls[call.index] = {"id": call.id, "type": "function",
-                                     "function": {"name": call.function.name, "arguments": call.function.arguments}}
+            for call in delta.tool_calls or []:  # the id and name first, then argument fragments (OpenAI's shape)
+                entry = calls.setdefault(call.index, {"id": "", "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                entry["id"] += call.id or ""
+                entry["function"]["name"] += call.function.name or ""
+                entry["function"]["arguments"] += call.function.arguments or ""
         message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = [calls[index] for index in sorted(calls)]
@@ -151,6 +154,7 @@ def as_ids(reply: object) -> list[int] | None:
     return list(reply)
 
 
+@pytest.mark.slow  # one end-to-end episode per kind of garbage
 @pytest.mark.parametrize("transport", ["in-process", "http", "in-process streaming", "http streaming"])
 @pytest.mark.parametrize("name", list(CASES))
 async def test_garbage_is_answered_and_the_episode_judged_or_marked(name, transport, tmp_path: Path):

@@ -80,6 +80,7 @@ def test_the_plan_covers_every_fault_in_each_run():
     assert repeat_of("a1b2c3-7-3") == 3
 
 
+@pytest.mark.slow
 def test_a_debug_run_finishes_and_counts_every_failure(tmp_path, faults):
     config = config_for(tmp_path, backbone="debug", debug={"first_n_tasks": 8, "max_parallel": 32})
     run = train_from_config(config, run_dir=tmp_path / "run")
@@ -88,6 +89,7 @@ def test_a_debug_run_finishes_and_counts_every_failure(tmp_path, faults):
     assert faults.new_threads() == [] and faults.new_children() == {}
 
 
+@pytest.mark.slow
 def test_a_local_training_run_finishes_its_steps_and_counts_every_failure(tmp_path, faults):
     config = config_for(tmp_path, backbone="local",
                         data={"train_batch_size": 8, "max_prompt_length": 128, "max_response_length": 64},

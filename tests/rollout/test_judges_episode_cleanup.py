@@ -52,6 +52,7 @@ class UsesResource(Judge):
         return JudgeResult(reward=1.0, success=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "status", "judged"), [
     ("ok", EpisodeStatus.OK, True),
     ("raise", EpisodeStatus.WORKFLOW_ERROR, False),

@@ -40,7 +40,9 @@ def tokenizer():
     return tiny_tokenizer()
 
 
-in_both = pytest.mark.parametrize("processes", [1, 2], ids=["in-process", "two-workflow-processes"])
+# The worker-process half starts processes: slow (the `fast` nox session leaves it out).
+in_both = pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)],
+                                  ids=["in-process", "two-workflow-processes"])
 
 
 def generated(tokenizer, *replies: str) -> list[int]:
@@ -146,6 +148,7 @@ def echo_task_id(tokenizer):
     return respond
 
 
+@pytest.mark.slow
 async def test_more_than_a_hundred_episodes_run_at_once_without_crossing(tokenizer):
     count = 120
     BarrierWorkflow.running = BarrierWorkflow.peak = 0
@@ -272,6 +275,7 @@ def replies_by_mode(tokenizer):
     return respond
 
 
+@pytest.mark.slow
 @in_both
 async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes):
     monkeypatch.setattr("agenttune.rollout.CANCEL_GRACE_S", 0.2)
@@ -331,6 +335,7 @@ async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes)
     assert metrics["madness_rate"] == pytest.approx(2 / 15)
 
 
+@pytest.mark.slow
 @in_both
 async def test_sync_workflows_run_in_threads_and_a_hung_thread_only_times_out_its_episode(tokenizer, processes):
     config = tiny_config(rollout={"num_repeat": 2, "max_env_worker": 8, "episode_timeout": 1.0,
@@ -456,20 +461,23 @@ async def test_tuner_endpoint_keys_and_framework_lookup(tokenizer):
 
 
 class OverflowWorkflow(Workflow):
-    """Keeps the conversation going until the gateway says it no longer fits, as the tuner documents."""
+    """Keeps the conversation going until the gateway refuses a call at a limit (the context no longer
+    fits, or the turns ran out) and returns normally, as the tuner documents."""
 
     async def execute(self, task, tuner):
         client = tuner.as_async_openai_client()
         messages = [{"role": "user", "content": task.query}]
+        stopped_by = None
         for _ in range(50):
             try:
                 reply = await client.chat.completions.create(model="m", messages=messages)
             except openai.BadRequestError as error:
-                assert error.code == "context_length_exceeded"
+                stopped_by = error.code
                 break
             messages += [reply.choices[0].message.model_dump(exclude_none=True),
                          {"role": "user", "content": "Tell me more about it, please."}]
-        return WorkflowOutput(reward=float(tuner.context_overflow), metadata={"turns": len(messages) // 2})
+        return WorkflowOutput(reward=float(tuner.context_overflow or tuner.turn_limit),
+                              metadata={"turns": len(messages) // 2, "stopped_by": stopped_by})
 
 
 @in_both
@@ -482,7 +490,7 @@ async def test_context_overflow_reaches_the_workflow_and_the_metrics(tokenizer, 
         episodes = await rollout.run_tasks(tasks("a"))
     for episode in episodes:
         assert episode.status is EpisodeStatus.OK and episode.reward == 1.0
-        assert 1 < episode.output["turns"] < 50
+        assert 1 < episode.output["turns"] < 50 and episode.output["stopped_by"] == "context_length_exceeded"
         assert episode.metrics["context_overflow"] == 1
     assert step_metrics(episodes)["overflow_rate"] == 1.0
 
@@ -507,3 +515,88 @@ async def test_episode_timings_are_recorded(tokenizer):
         [episode] = await RolloutEngine(config, gateway, Slow).run_tasks(tasks("a"))
     assert before <= episode.started_at <= time.time()
     assert episode.duration_s >= 0.05 and episode.metrics["workflow_s"] >= 0.05
+
+
+class TalksForever(Workflow):
+    """An agent framework's behaviour (AgentScope 1.x/2.x): it never stops on its own, and the gateway's
+    400 at a limit (context overflow, turn limit) propagates out of the agent."""
+
+    async def execute(self, task, tuner):
+        client = tuner.as_async_openai_client()
+        messages = [{"role": "user", "content": task.query}]
+        for _ in range(50):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "Tell me more about it, please."}]
+            tuner.update_judge_input_dictionary(final_answer=reply.choices[0].message.content)
+        return WorkflowOutput(metadata={"final_answer": "never"})
+
+
+class OverflowJudge(Judge):
+    def judge(self, judge_input):
+        return JudgeResult(reward=0.25 if judge_input.handed.get("final_answer") else 0.0)
+
+
+@in_both
+@pytest.mark.parametrize("configured", [None, -0.5])
+async def test_a_workflow_that_raises_on_context_overflow_ends_cleanly_with_its_samples(tokenizer, processes,
+                                                                                      configured):
+    """Issue 24: status context_overflow (not workflow_error), samples kept, reward from the judge or configured."""
+    config = tiny_config(model={"max_model_len": 160},
+                         rollout={"num_repeat": 2, "max_response_length_in_one_turn": 16,
+                                  "workflow_processes": processes, "context_overflow_reward": configured})
+    engine = ScriptedEngine(["Some words about it."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, TalksForever, OverflowJudge()) as rollout:
+        episodes = await rollout.run_tasks(tasks("a"))
+    for episode in episodes:
+        assert episode.status is EpisodeStatus.CONTEXT_OVERFLOW and not episode.status.failed
+        assert "context_length_exceeded" in episode.error or "maximum context length" in episode.error
+        assert episode.samples and episode.samples[0].num_calls >= 2  # what was generated is kept
+        assert episode.reward == (0.25 if configured is None else configured)
+
+
+@in_both
+@pytest.mark.parametrize("configured", [None, -1.0])
+async def test_a_call_beyond_max_turns_is_refused_and_ends_the_episode(tokenizer, processes, configured):
+    """Issue 23 item 3: the (max_turns + 1)-th call gets a 400; the episode ends with status turn_limit,
+    its samples kept, scored by the judge or rollout.turn_limit_reward."""
+    config = tiny_config(rollout={"num_repeat": 2, "max_turns": 3, "workflow_processes": processes,
+                                  "turn_limit_reward": configured})
+    engine = ScriptedEngine(["Some words."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, TalksForever, OverflowJudge()) as rollout:
+        episodes = await rollout.run_tasks(tasks("a"))
+    for episode in episodes:
+        assert episode.status is EpisodeStatus.TURN_LIMIT and not episode.status.failed
+        assert "max_turns_exceeded" in episode.error or "rollout.max_turns" in episode.error
+        assert episode.metrics["calls"] == 3 and episode.metrics["turn_limit"] == 1
+        assert [sample.num_calls for sample in episode.samples] == [3]  # merged, trained
+        assert episode.reward == (0.25 if configured is None else configured)
+    assert step_metrics(episodes)["turn_limit_rate"] == 1.0
+
+
+async def test_a_workflow_that_stops_at_the_turn_limit_ends_normally(tokenizer):
+    config = tiny_config(rollout={"num_repeat": 1, "max_turns": 2})
+    engine = ScriptedEngine(["Some words."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, OverflowWorkflow) as rollout:
+        [episode] = await rollout.run_tasks(tasks("a"))
+    assert episode.status is EpisodeStatus.OK and episode.reward == 1.0
+    assert episode.output == {"turns": 2, "stopped_by": "max_turns_exceeded"} and episode.metrics["turn_limit"] == 1
+
+
+async def test_the_turn_limit_counts_each_agent_and_calls_in_flight(tokenizer):
+    config = tiny_config(rollout={"max_turns": 2})
+    engine = ScriptedEngine(["Hi."], tokenizer=tokenizer, cycle=True, delay=0.05)
+    async with running_gateway(engine, config=config) as gateway:
+        channel = gateway.open_episode("ep")
+        client = openai.AsyncOpenAI(base_url=channel.base_url, api_key=channel.api_key(), max_retries=0)
+        critic = openai.AsyncOpenAI(base_url=channel.base_url, api_key=channel.api_key("critic"), max_retries=0)
+        messages = [{"role": "user", "content": "Hello"}]
+        results = await asyncio.gather(*(client.chat.completions.create(model="m", messages=messages)
+                                         for _ in range(3)), return_exceptions=True)
+        refused = [result for result in results if isinstance(result, openai.BadRequestError)]
+        assert len(refused) == 1 and refused[0].code == "max_turns_exceeded"
+        assert (await critic.chat.completions.create(model="m", messages=messages)).choices[0].message.content
+        assert channel.turn_limit and channel.metrics()["turn_limit"] == 1 and channel.metrics()["calls"] == 3

@@ -72,6 +72,7 @@ def engine():
     return ScriptedEngine(["It is blue."], tokenizer=tiny_tokenizer(), cycle=True)
 
 
+@pytest.mark.slow
 async def test_workflows_run_in_the_workers_and_the_trainer_keeps_the_record():
     config = config_with(processes=2)
     async with running_gateway(engine(), config=config) as gateway:
@@ -89,6 +90,7 @@ async def test_workflows_run_in_the_workers_and_the_trainer_keeps_the_record():
     assert not pids & {child.pid for child in multiprocessing.active_children()}  # stopped at the end
 
 
+@pytest.mark.slow
 async def test_a_worker_that_dies_fails_only_its_own_episodes_and_is_replaced():
     config = config_with(processes=2, max_env_worker=4)
     async with running_gateway(engine(), config=config) as gateway:
@@ -114,6 +116,7 @@ async def test_a_worker_that_dies_fails_only_its_own_episodes_and_is_replaced():
     assert [episode.status for episode in after] == [EpisodeStatus.OK] * 2
 
 
+@pytest.mark.slow
 async def test_cleanups_run_in_the_worker_after_the_judge(tmp_path: Path):
     log = tmp_path / "order.log"
     config = config_with(processes=2)
@@ -140,6 +143,7 @@ async def test_a_workflow_that_cannot_be_imported_by_name_is_a_clear_error():
     assert "workflow_processes: 1" in message
 
 
+@pytest.mark.slow
 async def test_each_worker_serves_its_episodes_over_http_too():
     """Agent frameworks reach the model at `tuner.base_url`: in a worker, its own gateway's address."""
     config = config_with(processes=2)
@@ -169,6 +173,7 @@ class StuckEngine(InferenceEngine):
         raise AssertionError("unreachable")
 
 
+@pytest.mark.slow
 async def test_an_episode_that_times_out_in_a_worker_cancels_its_engine_call():
     stuck = StuckEngine()
     config = config_with(processes=2, episode_timeout=1)

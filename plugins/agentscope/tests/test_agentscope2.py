@@ -71,7 +71,7 @@ async def test_headless_defaults_no_runtime_state_and_context_size_from_config(r
 
     await agent.reply(user("What is 2 + 3?"))
 
-    assert model.context_size == 3000
+    assert model.context_size == 3000 - 256 - 64  # room for the reply: compression comes before a refusal
     assert agent.injection_config.inject_runtime_state is False
     assert "system-reminder" not in rig.prompt_text(0)
 
@@ -160,3 +160,45 @@ async def test_two_agents_keep_separate_timelines_and_trainable_targets_pick_one
     assert samples["solver"].num_calls == 2 and samples["critic"].num_calls == 1
     trained = rig.channel.samples(trainable_targets=["solver"])
     assert [sample.agent for sample in trained if sample.trainable] == ["solver"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "no-stream"])
+async def test_agentscope2s_own_model_against_agenttune_serve(tmp_path, stream):
+    """Issue 23: AgentScope 2.x's unmodified OpenAIChatModel (streaming by default), pointed at
+    `agenttune serve`, runs a tool-using agent; the served conversation is recorded as one exact sample."""
+    import asyncio
+
+    from agentscope.agent import InjectionConfig
+    from agentscope.credential import OpenAICredential
+    from agentscope.model import OpenAIChatModel
+    from agentscope.permission import PermissionContext, PermissionMode
+    from agentscope.state import AgentState
+    from conftest import make_config
+
+    from agenttune.rollout_log import read_records
+    from agenttune.serve import serve
+
+    config = make_config(engine={"type": "scripted", "cycle": True, "replies": [
+        "I will add them.\n" + tool_call("add", '{"a": 2, "b": 3}'), ANSWER]}, gateway={"port": 0})
+    ready, stop = asyncio.get_running_loop().create_future(), asyncio.Event()
+    server = asyncio.create_task(serve(config, tmp_path, ready=ready.set_result, stop=stop))
+    base_url = await asyncio.wait_for(ready, 60)
+    model = OpenAIChatModel(credential=OpenAICredential(api_key="as2-agent", base_url=base_url),
+                            model="tiny", stream=stream)
+    assert model.stream is stream
+    calls: list[tuple[int, int]] = []
+    # A model agenttune did not make gets no headless defaults: the agent says so itself.
+    headless = AgentState(permission_context=PermissionContext(mode=PermissionMode("bypass")))
+    agent = make_agent(model, [add_tool(calls)], injection_config=InjectionConfig(inject_runtime_state=False),
+                       state=headless)
+
+    reply = await agent.reply(user("What is 2 + 3?"))
+
+    stop.set()
+    await server
+    assert reply.get_text_content() == ANSWER and calls == [(2, 3)]
+    [record] = read_records(next((tmp_path / "rollouts").glob("step_*_serve.jsonl")))
+    assert record.episode_id == "as2-agent" and record.metrics["calls"] == 2
+    [sample] = record.samples
+    assert sample.num_calls == 2 and "sum=5" in "".join(
+        text for text, mask in zip(sample.response_tokens, sample.loss_mask, strict=True) if not mask)

@@ -79,8 +79,10 @@ async def test_a_failing_llm_call_fails_the_run_without_retries(rig):
     assert len(rig_.engine.prompts) == 1  # AWorld's own retries (10 s, 20 s, ...) are off
 
 
-async def test_an_overflowing_context_is_an_outcome_to_judge_not_a_failure(rig):
+async def test_an_overflowing_context_ends_the_run_as_an_overflow(rig):
+    """AWorld swallows the gateway's 400; the adapter raises so that the rollout ends the episode with
+    status context_overflow (the core's rule, tested in tests/test_rollout_engine.py), not as an answer."""
     rig_ = await rig(["never sent"], model={"max_model_len": 300})  # AWorld's first prompt is longer
-    answer = await run_agent(build(rig_.tuner, stdio_mcp_config()), QUESTION, rig_.tuner)
+    with pytest.raises(AgentRunError, match="outgrew model.max_model_len"):
+        await run_agent(build(rig_.tuner, stdio_mcp_config()), QUESTION, rig_.tuner)
     assert rig_.tuner.context_overflow and rig_.engine.prompts == []
-    assert "<answer>" not in answer

@@ -65,3 +65,19 @@ def test_trinitys_multi_step_grpo_broadcasts_each_runs_advantage_to_its_samples(
     spread = 1 / math.sqrt(0.5)  # rewards 1 and 0: mean 0.5, sample std sqrt(0.5)
     assert by_run[10] == [pytest.approx([0.5 * spread] * 2, rel=1e-4), pytest.approx([0.5 * spread], rel=1e-4)]
     assert by_run[11] == [pytest.approx([-0.5 * spread, 0.0], rel=1e-4)]  # masked token: no advantage
+
+
+def test_a_sample_over_the_limits_is_split_at_call_boundaries_with_full_prompts():
+    """Three calls (generated 1-runs) with context between; a 4-token response limit (issue 24)."""
+    merged = sample([1, 2], [10, 11, 90, 12, 13, 91, 92, 14, 15, 16, 17, 18], [1, 1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1])
+    long_run = episode(0, 1.0, [merged])
+    experiences = episode_experiences(long_run, run_id=3, pad_token_id=PAD, limits=(20, 4))
+    # calls: [10 11] [12 13] [14..18]: with the context between them the first two are 5 tokens, so each
+    # is a part of its own (the second prompted with the first); the third (5 tokens) fits in no part
+    assert [(e.tokens.tolist(), e.prompt_length) for e in experiences] == [
+        ([1, 2, 10, 11], 2), ([1, 2, 10, 11, 90, 12, 13], 5)]
+    assert long_run.metrics["truncation/samples_split"] == 1 and long_run.metrics["truncation/calls_dropped"] == 1
+    experiences = episode_experiences(long_run, run_id=3, pad_token_id=PAD, limits=(20, 5))
+    assert [(e.tokens.tolist(), e.prompt_length) for e in experiences] == [
+        ([1, 2, 10, 11, 90, 12, 13], 2), ([1, 2, 10, 11, 90, 12, 13, 91, 92, 14, 15, 16, 17, 18], 9)]
+    assert experiences[1].action_mask.tolist() == [True] * 5

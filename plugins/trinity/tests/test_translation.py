@@ -224,3 +224,67 @@ def test_the_readme_passthrough_example_is_accepted(make_config, tmp_path: Path)
 def test_readme_shows_the_translation_table():
     assert markdown_table() in README.read_text(encoding="utf-8"), (
         "README.md's translation table is out of date: paste agenttune_trinity.translation.markdown_table()")
+
+
+@pytest.mark.parametrize(("trainer", "style", "offset", "strategy", "staleness", "inflight"), [
+    ({}, "fixed", 0, "default", None, 2),  # sync: Trinity's on-policy schedule and default sampler
+    ({"mode": "one_step_off"}, "fixed", 1, "default", None, 2),  # the explorer runs one step ahead
+    ({"mode": "async", "max_staleness": 2}, "fully_async", 0, "staleness_control", 2, 3),
+    ({"mode": "async", "max_staleness": 0}, "fully_async", 0, "staleness_control", 0, 1),
+])
+def test_trainer_mode_becomes_trinitys_schedule(make_config, tmp_path: Path, trainer, style, offset, strategy,
+                                                staleness, inflight):
+    """trainer.mode / max_staleness through Trinity's loader and validators: the synchronizer's style and
+    offset, the explorer's in-flight window, and the sampler that enforces the staleness bound."""
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, **trainer}), tmp_path)
+    check_and_update(cfg)
+    assert (cfg.synchronizer.sync_style.value, cfg.synchronizer.sync_offset) == (style, offset)
+    assert cfg.synchronizer.sync_interval == 1
+    assert cfg.algorithm.sample_strategy == strategy  # multi_step_grpo's default when not asynchronous
+    assert (cfg.algorithm.sample_strategy_args or {}).get("max_staleness") == staleness
+    assert cfg.explorer.max_inflight_batches == inflight  # 2 is Trinity's default
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 3])
+async def test_trinitys_staleness_sampler_keeps_what_agenttune_allows(make_config, tmp_path: Path, monkeypatch,
+                                                                      max_staleness):
+    """Trinity's own sample strategy, built from the translated config as its trainer builds it
+    (`SAMPLE_STRATEGY.get(...)(buffer, **sample_strategy_args)`), reads for step s (which trains
+    weights of version s - 1) only experiences of version >= s - 1 - trainer.max_staleness."""
+    from trinity.algorithm import SAMPLE_STRATEGY
+    from trinity.algorithm.sample_strategy import sample_strategy as module
+    from trinity.common.experience import Experience
+
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, "mode": "async", "max_staleness": max_staleness}),
+                 tmp_path)
+    check_and_update(cfg)
+    asked = []
+
+    class ExperienceQueue:  # stands in for the Ray-actor queue that Trinity's explorer fills
+        async def read(self, min_model_version=0):
+            asked.append(min_model_version)
+            return [Experience(tokens=[1, 2], prompt_length=1, info={"model_version": min_model_version})]
+
+    monkeypatch.setattr(module, "get_buffer_reader", lambda buffer_config: ExperienceQueue())
+    strategy = SAMPLE_STRATEGY.get(cfg.algorithm.sample_strategy)(cfg.buffer, **cfg.algorithm.sample_strategy_args)
+    for step in (1, 5, 10):
+        await strategy.sample(step)
+    trained_versions = [step - 1 for step in (1, 5, 10)]
+    assert asked == [max(0, version - max_staleness) for version in trained_versions]
+
+
+def test_async_with_validation_is_refused_and_the_suggested_mode_validates(make_config, data_dir, tmp_path: Path):
+    """Trinity 0.6's fully_async style rejects evaluation tasksets; agenttune says so before any run,
+    and the mode it suggests instead (one_step_off) passes Trinity's validators with validation on."""
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    validating = {"task_reader": {"type": "file", "path": str(data_dir), "validation_split": "validation"}}
+    with pytest.raises(UserError) as raised:
+        TrinityBackbone.check(make_config(trainer={"mode": "async", "test_freq": 2}, **validating))
+    message = raised.value.render()
+    assert "trainer.mode = 'async' cannot validate" in message and "trainer.mode=one_step_off" in message
+
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, "mode": "one_step_off", "test_freq": 2},
+                             **validating), tmp_path)
+    check_and_update(cfg)
+    assert len(cfg.buffer.explorer_input.eval_tasksets) == 1 and cfg.synchronizer.sync_offset == 1

@@ -12,6 +12,7 @@ import json
 import pytest
 from agenttune_verl.agent_loop import WorkerRuntime
 from agenttune_verl.launch import prepare, verl_dir
+from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
 from conftest import CALCULATOR, FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob, load_like_main_ppo
 
 from agenttune.plugin_api import RolloutLog, prepare_run, read_records, resolve
@@ -130,7 +131,7 @@ async def test_v1_worker_runs_the_tool_agent_and_stores_exact_tokens(prepared_ru
     records = list(read_records(RolloutLog.for_run(run).path(3, "train")))
     assert len(records) == 2 and {r.reward for r in records} == {1.0}
     assert records[0].samples[0].response_tokens  # token text for the log viewer
-    assert records[0].metrics["truncation/response_tokens"] == 0
+    assert records[0].metrics["truncation/samples_split"] == 0
 
 
 async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepared_run, tiny_tokenizer, monkeypatch,
@@ -153,13 +154,15 @@ async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepare
         assert all(set(f["response_mask"].tolist()) == {1} for f in put["fields"])  # generated tokens only
 
 
-async def test_legacy_worker_batch_with_padding_and_truncation(prepared_run, tiny_tokenizer, teardown_runtimes):
+async def test_legacy_worker_batch_with_padding_and_a_split_sample(prepared_run, tiny_tokenizer, teardown_runtimes):
+    """A merged sample longer than verl's limits is split at call boundaries, never cut inside a call:
+    the tool call (longer than the 24-token response limit) fits in no part and is dropped, counted;
+    the final answer is trained with its own full prompt, which holds the tool call as context."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    # short limits: the merged response (two calls + the tool turn) must be cut to 24 tokens
-    run = prepared_run("data.max_response_length=24", "data.max_prompt_length=40",
+    run = prepared_run("data.max_response_length=24", "data.max_prompt_length=1000",
                        "verl={trainer: {use_v1: false}}")
     verl_config = load_like_main_ppo(run)
     assert verl_config.trainer.use_v1 is False
@@ -172,20 +175,28 @@ async def test_legacy_worker_batch_with_padding_and_truncation(prepared_run, tin
     output = await worker.generate_sequences(batch)
 
     assert output.batch["responses"].shape == (4, 24)
-    assert output.batch["prompts"].shape == (4, 40)
+    assert output.batch["prompts"].shape == (4, 1000)
     mask = output.batch["response_mask"]
-    assert mask.sum(dim=1).min() > 0  # generated tokens survive the cut
+    assert mask.sum(dim=1).min() > 0  # the final answer is trained
     assert output.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 4
+    for row in range(4):
+        trained = output.batch["responses"][row][mask[row].bool()].tolist()
+        assert FINAL_ANSWER in tiny_tokenizer.decode(trained)
+        assert '"name": "add"' in tiny_tokenizer.decode(output.batch["prompts"][row].tolist())
     # the legacy worker does not tell agent loops the step: its episodes are logged under step 0
     records = list(read_records(RolloutLog.for_run(run).path(0, "train")))
     assert len(records) == 4
     for record in records:
-        assert record.metrics["truncation/response_tokens"] > 0
-        assert record.metrics["truncation/prompt_tokens"] > 0  # system prompt + tools exceed 40 tokens
-        assert record.metrics["truncation/samples"] == 1
+        assert record.metrics["truncation/samples_split"] == 1
+        assert record.metrics["truncation/calls_dropped"] == 1
+        assert record.metrics["truncation/trained_tokens_dropped"] > 0
 
 
-async def test_a_failing_workflow_still_answers_verl(prepared_run, tiny_tokenizer, monkeypatch, teardown_runtimes):
+async def test_a_failed_episode_is_dropped_from_training_and_counted(prepared_run, tiny_tokenizer, monkeypatch,
+                                                                    teardown_runtimes):
+    """The documented rule: a failed training episode gives verl's V1 worker no output at all (its
+    session stores nothing, so it is in no GRPO statistic), the group still completes, and the episode
+    is in the rollout log with its status, its error and the drop counted."""
     run = prepared_run(workflow="verl_agents:CrashingWorkflow")
     verl_config = load_like_main_ppo(run)
     server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
@@ -195,20 +206,85 @@ async def test_a_failing_workflow_still_answers_verl(prepared_run, tiny_tokenize
     await worker._run_prompt({**row, "uid": "f", "global_steps": 5}, dict(SAMPLING),
                              trajectory=await trajectory(5, row["index"]))
 
-    assert stored["status"] == ["running", "finished"]  # the group completes
-    assert server.calls == []
-    for put in stored["puts"]:
-        fields = put["fields"][0]
-        assert fields["response_mask"].tolist() == [0]  # nothing is trained
-        prompt_text = tiny_tokenizer.decode(fields["prompts"].tolist())
-        assert prompt_text.startswith("<|im_start|>user\nWhat is 2 + 3? (#0)")  # the task's prompt as context
-        assert prompt_text.endswith("<|im_start|>assistant\n")
-        assert fields["rm_scores"].tolist() == [0.0]  # but the reward counts in the group's baseline
-        assert fields["extra_fields"]["agenttune_status"] == "workflow_error"
-        assert put["tags"][0]["min_global_steps"] == 5
+    assert stored["status"] == ["running", "finished"]  # the group completes: no failure status, no refill
+    assert server.calls == [] and stored["puts"] == []  # nothing to train, nothing stored
     records = list(read_records(RolloutLog.for_run(run).path(5, "train")))
     assert [r.status.value for r in records] == ["workflow_error", "workflow_error"]
     assert "the environment is down" in records[0].error
+    assert [r.metrics[FAILED_EPISODE_DROPPED] for r in records] == [1.0, 1.0]
+
+
+async def test_a_failure_after_model_calls_trains_none_of_its_tokens(prepared_run, tiny_tokenizer, monkeypatch,
+                                                                    teardown_runtimes):
+    run = prepared_run(workflow="verl_agents:FirstRepeatCrashesAfterAnswering")
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
+    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
+
+    await worker._run_prompt({**row, "uid": "m", "global_steps": 2}, dict(SAMPLING),
+                             trajectory=await trajectory(2, row["index"]))
+
+    assert len(server.calls) == 2  # both episodes generated
+    assert stored["status"] == ["running", "finished"]
+    keys = [key for put in stored["puts"] for key in put["keys"]]
+    assert keys == ["m_1_0"]  # only the episode that finished: its group has one member for verl's GRPO
+    [fields] = stored["puts"][0]["fields"]
+    assert fields["extra_fields"]["agenttune_status"] == "ok" and fields["rm_scores"][-1].item() == 1.0
+    records = {r.episode_id: r for r in read_records(RolloutLog.for_run(run).path(2, "train"))}
+    failed = records["m-0"]
+    assert failed.status.value == "workflow_error" and failed.metrics[FAILED_EPISODE_DROPPED] == 1.0
+    assert failed.samples and sum(failed.samples[0].loss_mask) > 0  # it had generated tokens; none were stored
+    assert FAILED_EPISODE_DROPPED not in records["m-1"].metrics
+
+
+async def test_a_failed_validation_episode_still_counts_against_accuracy(prepared_run, tiny_tokenizer, monkeypatch,
+                                                                        teardown_runtimes):
+    run = prepared_run(workflow="verl_agents:CrashingWorkflow")
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
+    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    row = dataset_rows(verl_config, verl_config.data.val_files, worker.tokenizer)[0]
+
+    await worker._run_prompt({**row, "uid": "v", "global_steps": 0}, dict(SAMPLING),
+                             trajectory=await trajectory(0, row["index"], validate=True))
+
+    [put] = stored["puts"]
+    assert put["partition"] == "val"
+    [fields] = put["fields"]
+    assert fields["response_mask"].tolist() == [0]  # an untrained placeholder that carries the reward
+    assert fields["rm_scores"].tolist() == [0.0]
+    prompt_text = tiny_tokenizer.decode(fields["prompts"].tolist())
+    assert prompt_text.startswith("<|im_start|>user\nWhat is 2 + 3? (#0)")  # the task's prompt as context
+    assert fields["extra_fields"]["agenttune_status"] == "workflow_error"
+    [record] = read_records(RolloutLog.for_run(run).path(0, "validation"))
+    assert FAILED_EPISODE_DROPPED not in record.metrics
+
+
+async def test_the_legacy_trainer_gets_an_untrained_placeholder_for_a_failed_episode(prepared_run, tiny_tokenizer,
+                                                                                    teardown_runtimes):
+    """verl's legacy worker needs one output per episode: the failed one is all-masked, its tokens
+    never trained, and its zero reward stays in its group's baseline."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    run = prepared_run("verl={trainer: {use_v1: false}}", workflow="verl_agents:FirstRepeatCrashesAfterAnswering")
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
+    worker = AgentLoopWorker(verl_config, server)
+    rows = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[:1]
+    batch = DataProto.from_single_dict(collate_fn(rows)).repeat(repeat_times=2, interleave=True)
+    batch.meta_info = {"global_steps": 2, "validate": False}
+
+    output = await worker.generate_sequences(batch)
+
+    statuses = list(output.non_tensor_batch["agenttune_status"])
+    assert sorted(statuses) == ["ok", "workflow_error"] and len(server.calls) == 2
+    for row, status in enumerate(statuses):
+        trained_tokens = output.batch["response_mask"][row].sum().item()
+        reward = output.batch["rm_scores"][row].sum().item()
+        assert (trained_tokens > 0, reward) == ((True, 1.0) if status == "ok" else (False, 0.0))
 
 
 async def test_validation_rows_use_verls_sampling_and_log_as_validation(prepared_run, tiny_tokenizer, monkeypatch,

@@ -41,10 +41,14 @@ async def test_sampling_and_request_id_reach_verl():
                                               "stop_token_ids": [2], "seed": 11}
 
 
-async def test_misaligned_logprobs_are_dropped_not_shifted():
+async def test_misaligned_logprobs_are_passed_on_for_the_gateway_to_refuse():
+    """Issue 24: not dropped to None (which trained as 0.0): the gateway's check refuses the call, by cause."""
+    from agenttune.gateway.completions import logprob_problem
+
     engine = VerlEngine(OneReply(TokenOutput(token_ids=[5, 6, 7], log_probs=[-0.1], stop_reason="completed")))
     generation = await engine.generate([1], SamplingParams(), request_id="ep")
-    assert generation.token_ids == [5, 6, 7] and generation.logprobs is None
+    assert generation.token_ids == [5, 6, 7] and generation.logprobs == [-0.1]
+    assert logprob_problem(generation.token_ids, generation.logprobs)[0] == "logprob_count"
 
 
 async def test_stats_per_episode():

@@ -9,6 +9,7 @@ import sys
 
 from agenttune_verl.launch import CONFIG_NAME, prepare, trainer_command, verl_dir
 from agenttune_verl.metrics_bridge import MetricsFollower
+from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
 from agenttune_verl.rollout_files import LockedRolloutLog
 from conftest import CALCULATOR, load_like_main_ppo
 
@@ -76,7 +77,9 @@ def episode(step_reward: float, *, truncated: float = 0.0, group: str = "g") -> 
 
 def test_metrics_bridge_joins_verls_metrics_and_the_steps_episodes(tmp_path, tiny_tokenizer):
     rollout_log = LockedRolloutLog(tmp_path / "rollouts")
-    rollout_log.write(1, "train", [episode(1.0, truncated=3), episode(0.0)], tiny_tokenizer)
+    dropped = episode(0.5, group="x").model_copy(update={
+        "status": EpisodeStatus.TIMEOUT, "success": False, "metrics": {FAILED_EPISODE_DROPPED: 1.0}})
+    rollout_log.write(1, "train", [episode(1.0, truncated=3), episode(0.0), dropped], tiny_tokenizer)
     rollout_log.write(1, "validation", [episode(1.0, group="v")], tiny_tokenizer)
     verl_metrics = tmp_path / "verl" / "metrics.jsonl"
     verl_metrics.parent.mkdir()
@@ -92,8 +95,10 @@ def test_metrics_bridge_joins_verls_metrics_and_the_steps_episodes(tmp_path, tin
 
     [step] = metrics_log.read()
     assert step["verl/actor/pg_loss"] == 0.25 and "verl/note" not in step
-    assert step["reward/mean"] == 0.5 and step["success_rate"] == 0.5
+    assert step["reward/mean"] == 0.5 and step["success_rate"] == 1 / 3
     assert step["truncation/response_tokens"] == 3.0
+    assert step["train/failed_episodes_skipped"] == 1.0  # the local backbone's name for the same count
+    assert step["failures/timeout"] == 1.0
     assert step["val/reward/mean"] == 1.0
 
 

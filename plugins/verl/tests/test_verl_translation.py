@@ -20,7 +20,10 @@ CUSTOM = {
     "model": {"path": "/models/qwen", "tokenizer": "/models/tok", "trust_remote_code": True,
               "max_model_len": 6144, "dtype": "float16"},
     "algorithm": {"norm_adv_by_std": False, "kl_coef": 0.01, "kl_estimator": "k1", "clip_ratio_low": 0.1,
-                  "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean"},
+                  "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean",
+                  "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_3.0",
+                                         "rollout_is_batch_normalize": True, "rollout_rs": "seq_mean_k1",
+                                         "rollout_rs_threshold": "0.9_1.1"}},
     "trainer": {"learning_rate": 3e-6, "lr_schedule": "cosine", "warmup_steps": 5, "weight_decay": 0.1,
                 "grad_clip": 0.5, "total_epochs": 3, "total_steps": 40, "save_freq": 10, "test_freq": 5,
                 "val_before_train": True, "seed": 7, "n_gpus_per_node": 4, "nnodes": 2},
@@ -90,6 +93,19 @@ EXPECTED = {
     "trainer.logger": ["console", "file", "tensorboard", "wandb"],
     "trainer.default_local_dir": "/run/checkpoints",
     "trainer.use_v1": True,
+    "algorithm.rollout_correction.rollout_is": "token",
+    "algorithm.rollout_correction.rollout_is_threshold": "0.5_3.0",
+    "algorithm.rollout_correction.rollout_is_batch_normalize": True,
+    "algorithm.rollout_correction.rollout_rs": "seq_mean_k1",
+    "algorithm.rollout_correction.rollout_rs_threshold": "0.9_1.1",
+    "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.loss_type": "ppo_clip",
+    "trainer.v1.trainer_mode": "sync",
+    "trainer.v1.sampler.max_off_policy_threshold": None,
+    "trainer.v1.sampler.max_off_policy_strategy": "drop",
+    "trainer.v1.colocate_async.num_warmup_batches": 0,
+    "trainer.v1.separate_async.num_warmup_batches": 0,
+    "trainer.v1.separate_async.parameter_sync_step": 1,
 }
 
 
@@ -126,6 +142,15 @@ def test_the_translation_table_is_covered():
     ({}, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384),  # verl's default when sequences fit
     ({"trainer": {"n_gpus_per_node": 1}}, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1),
     ({"monitor": {"tensorboard": False}}, "trainer.logger", ["console", "file"]),
+    ({}, "algorithm.rollout_correction.rollout_is", None),  # off unless asked for: verl's yaml default too
+    # asynchronous training: verl's V1 colocate_async trainer; its bound counts versions spanned (lag + 1)
+    ({"trainer": {"mode": "one_step_off"}}, "trainer.v1.trainer_mode", "colocate_async"),
+    ({"trainer": {"mode": "one_step_off", "max_staleness": 5}}, "trainer.v1.sampler.max_off_policy_threshold", 2),
+    ({"trainer": {"mode": "one_step_off"}}, "trainer.v1.colocate_async.num_warmup_batches", 1),
+    ({"trainer": {"mode": "async", "max_staleness": 3}}, "trainer.v1.trainer_mode", "colocate_async"),
+    ({"trainer": {"mode": "async", "max_staleness": 3}}, "trainer.v1.sampler.max_off_policy_threshold", 4),
+    ({"trainer": {"mode": "async", "max_staleness": 3}}, "trainer.v1.colocate_async.num_warmup_batches", 3),
+    ({"trainer": {"mode": "async", "max_staleness": 0}}, "trainer.v1.sampler.max_off_policy_threshold", 1),
 ])
 def test_translation_defaults(overrides, key, expected):
     assert translated_values(AgentTuneConfig(**overrides), PATHS)[key] == expected
@@ -177,7 +202,8 @@ def test_native_config_is_complete_and_resolved():
     native = VerlBackbone.native_config(AgentTuneConfig(model={"path": "/models/qwen"}))
     assert native["data"]["train_files"] == "<run_dir>/verl/train.parquet"
     assert native["data"]["val_files"] == "<run_dir>/verl/train.parquet"  # no validation split
-    assert native["actor_rollout_ref"]["rollout"]["prompt_length"] == 2048  # verl interpolation resolved
+    # verl interpolation resolved; the limit derives from model.max_model_len (4096) - the reply budget (512)
+    assert native["actor_rollout_ref"]["rollout"]["prompt_length"] == 4096 - 512
     assert native["critic"]["enable"] is False
     assert native["reward"]["reward_manager"]["name"] == "naive"  # the untouched rest of verl's config
 
@@ -251,3 +277,79 @@ def test_listing_plugins_imports_no_heavy_library():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("mode", "max_staleness", "trainer_class"), [
+    ("sync", 1, "PPOTrainerSync"),
+    ("one_step_off", 1, "PPOTrainerColocateAsync"),
+    ("async", 2, "PPOTrainerColocateAsync"),
+])
+def test_main_ppo_picks_verls_trainer_for_the_mode(tiny_model_path, mode, max_staleness, trainer_class):
+    """`verl.trainer.main_ppo` (the entry point agenttune launches) picks its trainer class by
+    trainer.v1.trainer_mode; verl's own validation accepts the asynchronous configs."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.utils.config import validate_config
+
+    config = AgentTuneConfig(**{**CUSTOM, "model": {"path": str(tiny_model_path)},
+                                "trainer": {**CUSTOM["trainer"], "mode": mode, "max_staleness": max_staleness}})
+    verl_config = build_verl_config(config, PATHS)
+    validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
+                    use_critic=need_critic(verl_config))
+    assert get_trainer_cls(verl_config.trainer.v1.trainer_mode).__name__ == trainer_class
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_verls_replay_buffer_drops_exactly_the_groups_agenttune_calls_stale(max_staleness):
+    """verl's own `ReplayBufferAsync`, built from the translated sampler keys as verl's trainer builds
+    it, drops a finished group fed at step g when step s trains iff s - g > trainer.max_staleness:
+    the group's first tokens came from weights of version >= g - 1, the step trains version s - 1."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    config = AgentTuneConfig(model={"path": "/models/qwen"}, trainer={"mode": "async", "max_staleness": max_staleness})
+    v1 = build_verl_config(config, PATHS).trainer.v1
+    buffer = ReplayBufferAsync(trainer_mode=v1.trainer_mode, trainer_config=v1.get(v1.trainer_mode, {}),
+                               max_off_policy_threshold=v1.sampler.max_off_policy_threshold,
+                               max_off_policy_strategy=v1.sampler.max_off_policy_strategy,
+                               sampler_kwargs=v1.sampler.sampler_kwargs, refill_fn=lambda count: None)
+    training_step = 10
+    fed_at = {f"group{step}": step for step in range(1, training_step + 1)}
+    buffer.finished_keys["train"] = set(fed_at)
+    buffer.prompt_global_steps["train"] = dict(fed_at)
+
+    stale = buffer._stale_terminal_keys(training_step, "train")
+
+    assert stale == {group for group, step in fed_at.items() if training_step - step > max_staleness}
+    assert len(stale) == training_step - 1 - max_staleness  # one group per step fed; the rest are kept
+
+
+def test_one_step_off_is_max_staleness_one_for_verl_too():
+    one_step_off = translated_values(AgentTuneConfig(trainer={"mode": "one_step_off", "max_staleness": 7}), PATHS)
+    async_one = translated_values(AgentTuneConfig(trainer={"mode": "async", "max_staleness": 1}), PATHS)
+    assert one_step_off == async_one
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_asynchronous_modes_on_verls_legacy_trainer_are_refused(mode):
+    config = AgentTuneConfig(model={"path": "/models/qwen"}, trainer={"mode": mode},
+                             verl={"trainer": {"use_v1": False}})
+    with pytest.raises(UserError) as raised:
+        VerlBackbone.check(config)
+    message = raised.value.render()
+    assert f"trainer.mode={mode!r}" in message and "legacy trainer" in message
+    assert "Remove `trainer.use_v1: false`" in message
+    # synchronous training on the legacy trainer stays possible
+    VerlBackbone.check(AgentTuneConfig(model={"path": "/models/qwen"}, verl={"trainer.use_v1": False}))
+
+
+def test_separate_async_is_one_verl_override_away():
+    """verl's separate_async trainer (its own rollout GPUs) takes the translated staleness bound and
+    warm-up; its assertion train_batch_size == parameter_sync_step x ppo_mini_batch_size holds."""
+    config = AgentTuneConfig(model={"path": "/models/qwen"}, trainer={"mode": "async", "max_staleness": 2},
+                             verl={"trainer.v1.trainer_mode": "separate_async"})
+    verl_config = resolved(build_verl_config(config, PATHS))
+    v1 = verl_config["trainer"]["v1"]
+    assert v1["trainer_mode"] == "separate_async"
+    assert v1["separate_async"]["num_warmup_batches"] == 2 and v1["sampler"]["max_off_policy_threshold"] == 3
+    mini_batch = verl_config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
+    assert verl_config["data"]["train_batch_size"] == v1["separate_async"]["parameter_sync_step"] * mini_batch

@@ -15,7 +15,7 @@ import warnings
 import typer
 
 from agenttune.backbones.local import commands as local_commands
-from agenttune.cli import config_cmd, data_cmd, logview_cmd, model_cmd, plugins_cmd, train_cmd
+from agenttune.cli import config_cmd, data_cmd, logview_cmd, model_cmd, plugins_cmd, serve_cmd, train_cmd
 from agenttune.errors import PluginWarning, UserError
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.add_typer(model_cmd.app, name="model")
 train_cmd.register(app)
 local_commands.register(app)  # export, report
 logview_cmd.register(app)
+serve_cmd.register(app)
 
 
 @app.callback()

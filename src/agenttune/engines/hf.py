@@ -1,22 +1,31 @@
 """`hf`: a transformers causal LM on CPU or GPU that batches concurrent requests.
 
-Requests that arrive while a batch runs wait and form the next batch, so 64 concurrent episodes
-share forward passes instead of running one by one. Each batch is left-padded and decoded step by
-step with a KV cache; every row has its own temperature, top-p, top-k, stop tokens, stop strings and
-budget, and leaves the batch (and returns to its caller) as soon as it finishes.
+Concurrent requests share forward passes: a batch is left-padded and decoded step by step with a
+KV cache; every row has its own temperature, top-p, top-k, stop tokens, stop strings, guide and
+budget, and leaves the batch (and returns to its caller) as soon as it finishes. Requests that
+arrive while a batch decodes join it at the next step (continuous batching, up to `max_batch_size`
+rows): their prompts are prefilled together and their KV cache is left-padded to the batch's and
+appended — a multi-turn agent's second turn does not wait for the other episodes' first turns.
 
 The engine can share an already-loaded model (the local backbone trains the same object in
-process, so rollouts always see the current weights without a copy).
+process, so rollouts always see the current weights without a copy). Asynchronous training gives it
+a copy instead and calls `sync_weights` after each optimizer step: the copy happens between two
+decode steps (a lock held around each forward pass), so requests in flight go on with the new
+weights, and every token records the policy version that sampled it (`Generation.versions`).
 
 Logprobs are `log_softmax(logits / temperature)` of the sampled token — temperature-scaled,
 before top-k/top-p filtering — which is what a trainer recomputes at the same temperature. Greedy
-rows (temperature 0) report `log_softmax(logits)`.
+rows (temperature 0) report `log_softmax(logits)`. Rows with a guide (tool_choice, response_format)
+sample from the logits with the tokens their grammar forbids masked out (engines/grammar.py) and
+report that masked distribution's logprob: the behaviour policy rollout correction must see.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,6 +33,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+from agenttune.engines.grammar import GrammarBook, advance
 from agenttune.engines.stopping import StopStrings, stop_token_set
 
 
@@ -31,7 +41,16 @@ class HFOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N (ignored when a model is shared).")
-    max_batch_size: int = Field(default=64, gt=0, description="Most requests decoded together in one batch.")
+    max_batch_size: int = Field(default=128, gt=0, description="Most requests decoded together in one batch (a cap: max_batch_tokens or kv_cache_memory_fraction size it below that).")
+    max_batch_tokens: int | None = Field(
+        default=None, gt=0,
+        description="KV-cache budget in tokens: a request joins a batch only while rows x the longest row's "
+                    "prompt + max_tokens fits (left-padded rows are as long as the longest). None: "
+                    "kv_cache_memory_fraction decides on CUDA, max_batch_size alone elsewhere.")
+    kv_cache_memory_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="On CUDA: the share of the GPU memory free when the engine starts that the KV cache may "
+                    "use; it sets max_batch_tokens from the model's KV bytes per token. Ignored on CPU.")
     batch_wait_ms: float = Field(
         default=2.0, ge=0,
         description="Before a batch starts, how long to wait for the next request to arrive: requests sent "
@@ -49,27 +68,43 @@ class _Request:
     stop_strings: StopStrings
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    matcher: Any = None  # the guide's grammar state, for requests with a guide
+    stream: asyncio.Queue | None = None  # streamed requests: each step's token, then the Generation or error
+    forced: list[bool] = field(default_factory=list)  # per token, with a guide: the only token allowed
+    versions: list[int] = field(default_factory=list)  # per token: the policy version that sampled it
 
 
 class HFEngine(InferenceEngine):
     name: ClassVar[str] = "hf"
     Options: ClassVar[type[BaseModel]] = HFOptions
+    enforces_guides: ClassVar[bool] = True
+    updates_weights: ClassVar[bool] = True
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, max_model_len: int | None = None,
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 128, max_batch_tokens: int | None = None,
+                 max_model_len: int | None = None,
                  batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.batch_wait_s, self.max_batch_wait_s = batch_wait_ms / 1000, max_batch_wait_ms / 1000
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None) or 1 << 30
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos_ids = stop_token_set((), eos, tokenizer.eos_token_id)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
+        self.joined = 0  # requests that joined a batch already decoding (continuous batching)
+        # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
+        # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
+        self.decode_steps: list[tuple[int, int]] = []
+        self._grammars: GrammarBook | None = None
         self._pending: list[_Request] = []
+        self._pending_lock = threading.Lock()  # appended on the event loop, taken by the decode thread
         self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
+        self.policy_version = 0
+        self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
     @classmethod
     def from_config(cls, config: Any, options: HFOptions, tokenizer: Any, *, model: Any = None) -> HFEngine:
@@ -77,21 +112,52 @@ class HFEngine(InferenceEngine):
             from agenttune.model_loading import load_model
 
             model = load_model(config.model, device=options.device)
-        return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_model_len=config.model.max_model_len,
+        budget = options.max_batch_tokens or _kv_budget_tokens(model, options.kv_cache_memory_fraction)
+        return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_batch_tokens=budget,
+                   max_model_len=config.model.max_model_len,
                    batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
+        return await self._submit(prompt_ids, sampling).future
+
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """Every decode step's token as it is sampled, then the Generation."""
+        request = self._submit(prompt_ids, sampling, stream=True)
+        try:
+            while True:
+                item = await request.stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item if isinstance(item, Generation) else [item]
+                if isinstance(item, Generation):
+                    return
+        finally:
+            if not request.future.done():  # the caller left: the row leaves the batch at the next step
+                request.future.cancel()
+
+    def _submit(self, prompt_ids: list[int], sampling: SamplingParams, *, stream: bool = False) -> _Request:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), sampling, loop.create_future(),
                            stop_token_set(sampling.stop_token_ids, list(self.eos_ids)),
-                           StopStrings(self.tokenizer, sampling.stop))
+                           StopStrings(self.tokenizer, sampling.stop), stream=asyncio.Queue() if stream else None)
+        if sampling.guide is not None:
+            request.matcher = self.grammars.matcher(sampling.guide)
         self._ensure_worker(loop)
-        self._pending.append(request)
+        with self._pending_lock:
+            self._pending.append(request)
         self._wakeup.set()
-        return await request.future
+        return request
+
+    @property
+    def grammars(self) -> GrammarBook:
+        if self._grammars is None:
+            vocab = max(self.model.config.vocab_size, len(self.tokenizer))
+            self._grammars = GrammarBook(self.tokenizer, vocab, sorted(self.eos_ids))
+        return self._grammars
 
     async def aclose(self) -> None:
         if self._worker is not None:
@@ -115,8 +181,7 @@ class HFEngine(InferenceEngine):
             self._wakeup.clear()
             await self._gather()
             while self._pending:
-                batch = [request for request in self._pending[: self.max_batch_size] if not request.future.done()]
-                del self._pending[: self.max_batch_size]
+                batch = self._take_pending([])  # (rows that join later are added to it)
                 if not batch:
                     continue
                 self.batch_sizes.append(len(batch))
@@ -126,6 +191,8 @@ class HFEngine(InferenceEngine):
                     for request in batch:
                         if not request.future.done():
                             request.future.set_exception(error)
+                            if request.stream is not None:
+                                request.stream.put_nowait(error)
 
     async def _gather(self) -> None:
         """Wait while requests keep arriving (each within `batch_wait_s` of the last), up to a full batch.
@@ -143,6 +210,25 @@ class HFEngine(InferenceEngine):
             seen = len(self._pending)
             await asyncio.sleep(self.batch_wait_s)
 
+    def _take_pending(self, active: list[_Request]) -> list[_Request]:
+        """The waiting requests that fit beside `active` (rows and KV-cache budget), in arrival order;
+        requests whose callers gave up are dropped. Called from either thread."""
+        taken: list[_Request] = []
+        longest = max((_reserved(request) for request in active), default=0)
+        with self._pending_lock:
+            while self._pending and len(active) + len(taken) < self.max_batch_size:
+                request = self._pending[0]
+                if request.future.done():
+                    self._pending.pop(0)
+                    continue
+                wider = max(longest, _reserved(request))
+                if self.max_batch_tokens and (active or taken) and \
+                        (len(active) + len(taken) + 1) * wider > self.max_batch_tokens:
+                    break  # it waits for rows to leave (a lone request always runs)
+                longest = wider
+                taken.append(self._pending.pop(0))
+        return taken
+
     # -- one batch (worker-thread side) -------------------------------------------------------------
     def _run_batch(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
@@ -155,25 +241,46 @@ class HFEngine(InferenceEngine):
             loop.call_soon_threadsafe(_resolve, request, finish)
 
     def _decode(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> list[tuple[_Request, FinishReason]]:
-        """Decode until every row finished; answer rows as they finish, except the last ones (returned)."""
+        """Decode until every row finished; answer rows as they finish, except the last ones (returned).
+
+        Continuous batching: after each step, requests that arrived meanwhile join (their prompts
+        prefilled together, their KV cache left-padded to the batch's and appended), up to
+        `max_batch_size` rows; a finished row leaves at once. Joined requests are added to `batch`.
+        """
         import torch
 
         device = self.model.device
-        logits, cache, attention, next_positions = self._prefill(batch, device)
+        with self._weights_lock:
+            version = self.policy_version  # of the weights that computed `logits`
+            logits, cache, attention, next_positions = self._prefill(batch, device)
         active = list(batch)
         generators = _generators(active, device)
+        joinable = _joinable(cache)
         while True:
+            self.decode_steps.append((len(active), len(active) + len(self._pending)))
+            matchers = [request.matcher for request in active]
+            guided = any(matcher is not None for matcher in matchers)
+            forced = self.grammars.mask(logits, matchers).tolist() if guided else None
             tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
-            keep, finished = [], []
-            for row, (request, token, logprob) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(),
-                                                               strict=True)):
+            token_list = tokens.tolist()
+            if guided:
+                advance(matchers, token_list)
+            keep, finished, streamed = [], [], []
+            for row, (request, token, logprob) in enumerate(zip(active, token_list, logprobs.tolist(), strict=True)):
                 request.token_ids.append(token)
                 request.logprobs.append(logprob)
+                request.versions.append(version)
+                if request.matcher is not None:
+                    request.forced.append(forced[row])
+                if request.stream is not None:
+                    streamed.append((request.stream, token))
                 finish = self._finish_reason(request)
                 if finish is not None:
                     finished.append((request, finish))
                 elif not request.future.done():  # done: the caller gave up (timeout, cancel)
                     keep.append(row)
+            if streamed:  # one hand-over to the event loop per step, for all streamed rows
+                loop.call_soon_threadsafe(_deliver, streamed)
             if not keep:
                 return finished
             for request, finish in finished:
@@ -184,8 +291,20 @@ class HFEngine(InferenceEngine):
                 attention, next_positions, tokens = attention[index], next_positions[index], tokens[index]
                 active = [active[row] for row in keep]
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
-            logits = self._forward(tokens[:, None], attention, next_positions, cache)
+            with self._weights_lock:  # a weight update lands between steps, never inside one
+                version = self.policy_version
+                logits = self._forward(tokens[:, None], attention, next_positions, cache)
+                newcomers = self._take_pending(active) if joinable and self._pending else []
+                if newcomers:
+                    new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
             next_positions = next_positions + 1
+            if newcomers:
+                attention = _join_caches(cache, attention, new_cache, new_attention)
+                logits, next_positions = torch.cat([logits, new_logits]), torch.cat([next_positions, new_positions])
+                active += newcomers
+                batch += newcomers
+                generators.update(_generators(newcomers, device))
+                self.joined += len(newcomers)
 
     def _prefill(self, batch: list[_Request], device: Any) -> tuple[Any, Any, Any, Any]:
         """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions)."""
@@ -207,7 +326,25 @@ class HFEngine(InferenceEngine):
     def _forward(self, input_ids: Any, attention: Any, positions: Any, cache: Any) -> Any:
         output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return output.logits[:, -1, :].float()
+        # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
+        return output.logits[:, -1, :].float().contiguous()
+
+    async def sync_weights(self, model: Any, version: int = 0) -> None:
+        if model is self.model:  # the trained model itself (synchronous training): nothing to copy
+            self.policy_version = version
+            return
+        # In a thread: the copy waits for the decode step in progress, the event loop must not.
+        await asyncio.to_thread(self.update_weights, model, version)
+
+    def update_weights(self, model: Any, version: int) -> None:
+        """Copy `model`'s parameters and buffers into this engine's model (same architecture, same
+        names) between two decode steps, then sample as policy `version`."""
+        import torch
+
+        with self._weights_lock, torch.no_grad():
+            if model is not self.model:
+                _copy_weights(model, self.model)
+            self.policy_version = version
 
     def _finish_reason(self, request: _Request) -> FinishReason | None:
         if request.token_ids[-1] in request.stop_ids or request.stop_strings.hit(request.token_ids):
@@ -219,9 +356,78 @@ class HFEngine(InferenceEngine):
         return None
 
 
+def _copy_weights(source: Any, target: Any) -> None:
+    targets = dict(target.named_parameters()) | dict(target.named_buffers())
+    for name, tensor in [*source.named_parameters(), *source.named_buffers()]:
+        destination = targets.get(name)
+        if destination is None:
+            raise ValueError(f"update_weights: the engine's model has no {name!r}: it is not a copy of the "
+                             "trained model.")
+        destination.copy_(tensor.detach(), non_blocking=True)
+
+
+def _reserved(request: _Request) -> int:
+    """The KV-cache length a request may reach: its prompt and its token budget."""
+    return len(request.prompt_ids) + request.sampling.max_tokens
+
+
+def _kv_budget_tokens(model: Any, fraction: float | None) -> int | None:
+    """`fraction` of the free GPU memory, in tokens of this model's KV cache (None off CUDA)."""
+    import torch
+
+    if fraction is None or model.device.type != "cuda":
+        return None
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * heads * head_dim * model.dtype.itemsize  # keys and values
+    free, _ = torch.cuda.mem_get_info(model.device)
+    return int(free * fraction // per_token)
+
+
+def _joinable(cache: Any) -> bool:
+    """Whether rows can join this cache: plain per-layer key/value tensors (no sliding windows,
+    no quantized or offloaded layers), which left-padding and concatenation keep exact."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any) -> Any:
+    """Append `new_cache`'s rows to `cache` (in place), both left-padded to the longer one; returns the
+    joined attention mask. Padding positions are masked out, so they change no row's attention."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(attention.shape[1], new_attention.shape[1])
+
+    def padded(tensor: Any, dim_from_end: int) -> Any:
+        missing = width - tensor.shape[-dim_from_end]
+        if not missing:
+            return tensor
+        pad = [0, 0] * (dim_from_end - 1) + [missing, 0]  # F.pad counts dimensions from the last one
+        return F.pad(tensor, pad)
+
+    for layer, new_layer in zip(cache.layers, new_cache.layers, strict=True):
+        layer.keys = torch.cat([padded(layer.keys, 2), padded(new_layer.keys, 2)])
+        layer.values = torch.cat([padded(layer.values, 2), padded(new_layer.values, 2)])
+    return torch.cat([padded(attention, 1), padded(new_attention, 1)])
+
+
 def _resolve(request: _Request, finish: FinishReason) -> None:
     if not request.future.done():
-        request.future.set_result(Generation(request.token_ids, request.logprobs, finish))
+        generation = Generation(request.token_ids, request.logprobs, finish,
+                                forced=request.forced if request.matcher is not None else None,
+                                versions=request.versions)
+        request.future.set_result(generation)
+        if request.stream is not None:  # after the step's tokens: the loop runs callbacks in order
+            request.stream.put_nowait(generation)
+
+
+def _deliver(streamed: list[tuple[asyncio.Queue, int]]) -> None:
+    for queue, token in streamed:
+        queue.put_nowait(token)
 
 
 @contextlib.contextmanager

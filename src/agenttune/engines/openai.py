@@ -13,6 +13,8 @@ Two modes:
 
 from __future__ import annotations
 
+import math
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +36,8 @@ class OpenAIEngineOptions(BaseModel):
 
 class OpenAIEngine(InferenceEngine):
     name: ClassVar[str] = "openai"
+    # Guides go to the server as vLLM's `structured_outputs` (a server without it ignores or refuses them).
+    enforces_guides: ClassVar[bool] = True
     Options: ClassVar[type[BaseModel]] = OpenAIEngineOptions
 
     def __init__(self, options: OpenAIEngineOptions, model_name: str, *, transport: Any = None):
@@ -64,6 +68,33 @@ class OpenAIEngine(InferenceEngine):
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
         return _generation(choice, token_ids, logprobs, choice.get("text", ""))
 
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """Completions mode: the server's own stream (`stream: true`; vLLM sends each chunk's token ids
+        with `return_token_ids`), passed on as it comes. Chat mode answers whole."""
+        if self.wants_messages:
+            yield await self.generate(prompt_ids, sampling, request_id=request_id)
+            return
+        body = {"model": self.model_name, "prompt": list(prompt_ids), "logprobs": 1, "return_token_ids": True,
+                "stream": True, **_sampling_fields(sampling), **self.options.extra_body}
+        token_ids: list[int] = []
+        logprobs: list[Any] = []
+        texts: list[str] = []
+        last: dict[str, Any] = {}
+        async with self._client.stream("POST", "completions", json=body) as response:
+            if response.status_code >= 400:
+                raise RuntimeError(f"the model server at {self.options.base_url} answered {response.status_code}: "
+                                   f"{(await response.aread()).decode(errors='replace')[:500]}")
+            async for choice in _stream_choices(response):
+                last = choice
+                texts.append(choice.get("text") or "")
+                logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
+                new_ids = list(choice.get("token_ids") or [])
+                if new_ids:
+                    token_ids += new_ids
+                    yield new_ids
+        yield _generation(last, token_ids, logprobs if token_ids else None, "".join(texts))
+
     async def generate_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                             sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
         """Chat mode: the server renders the prompt. Returns the generation and the prompt ids, if sent."""
@@ -89,6 +120,21 @@ class OpenAIEngine(InferenceEngine):
         return response.json()
 
 
+async def _stream_choices(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The first choice of each server-sent event (usage-only chunks have none)."""
+    import json
+
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        choices = json.loads(data).get("choices") or []
+        if choices:
+            yield choices[0]
+
+
 def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     fields: dict[str, Any] = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
                               "top_p": sampling.top_p, "skip_special_tokens": False}
@@ -100,6 +146,9 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
         fields["stop_token_ids"] = list(sampling.stop_token_ids)
     if sampling.seed is not None:
         fields["seed"] = sampling.seed
+    if sampling.guide is not None:  # vLLM's structured outputs field (vLLM >= 0.10.2)
+        key = "json" if sampling.guide.kind == "json_schema" else "structural_tag"
+        fields["structured_outputs"] = {key: sampling.guide.spec}
     return fields
 
 
@@ -108,8 +157,9 @@ def _generation(choice: dict[str, Any], token_ids: list[int] | None, logprobs: l
     finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
     if not token_ids:  # the server gave text only: keep it, the episode is not trainable
         return Generation([], None, finish, text=text)
-    exact = logprobs if logprobs and len(logprobs) == len(token_ids) and None not in logprobs else None
-    return Generation(list(token_ids), exact, finish, text=text)
+    # Passed on as the server sent them (a missing entry as NaN): the gateway refuses what cannot be trained.
+    reported = [math.nan if value is None else float(value) for value in logprobs] if logprobs is not None else None
+    return Generation(list(token_ids), reported, finish, text=text)
 
 
 def _chat_text(message: dict[str, Any]) -> str:

@@ -2,75 +2,111 @@
 
     engine:
       type: vllm
-      gpu_memory_utilization: 0.4   # leave room for the trainer when it shares the GPU
+      gpu_memory_utilization: 0.4   # vLLM's share of the GPU; the trainer uses the rest
+      sleep_level: 2                # free vLLM's memory while the trainer updates (0: never)
 
-Prompt token ids go in, generated ids and their logprobs come out exactly as vLLM sampled them.
+Prompt token ids go in, generated ids and their logprobs come out exactly as vLLM sampled them:
+vLLM runs with `logprobs_mode="processed_logprobs"`, so a sampled token's logprob is taken after
+temperature scaling (and grammar masks), which is what the trainer recomputes at the same
+temperature. (vLLM's default, `raw_logprobs`, is the untempered distribution.) With top-k/top-p
+set, vLLM's processed logprobs are of the truncated, renormalised distribution it sampled from.
 
-With the local backbone, vLLM keeps its own copy of the weights; after every training step the
-backbone calls `load_weights(model)`, which writes the trainer's weights into vLLM's model in place
-(vLLM runs in this process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, as TRL's "colocate" mode does).
-`train/logprob_mismatch` shows at once if the two ever disagree.
+Colocated with the local backbone (as TRL's `vllm_mode="colocate"`): vLLM's engine core runs in
+a child process on the trainer's GPU. Each training step the loop calls
 
-Status: written against vLLM's documented `AsyncLLMEngine` API (0.10 and later); agenttune's CI has no
-GPU, so only the translation of requests and outputs is tested (with a stand-in for vLLM). The
-in-place weight load reaches into vLLM internals that change between releases; when they are not
-where expected, `load_weights` raises instead of letting rollouts use stale weights.
+    await engine.release_memory()    # before the update: vLLM sleeps (level 2: weights and KV cache freed)
+    ...trainer.step(...)...
+    await engine.sync_weights(model, version) # after: wake the weights, load the new ones, wake the KV cache,
+                                     # reset the prefix cache (its blocks were computed by the old weights)
+
+The weights travel by CUDA IPC through vLLM's own weight-transfer engine (`weight_transfer_config:
+{backend: ipc}`): the trainer shares each parameter's memory, vLLM's worker copies it into its
+model with `load_weights`; nothing is written to disk. LoRA goes merged (see `vllm_weights`). The
+trainer's weights are also pushed before the first generation, so a resumed or warmed-up policy
+is what vLLM samples from. `train/logprob_mismatch` shows at once if the two ever disagree.
+
+Status: written against vLLM 0.33's `AsyncLLM` API; agenttune's CI has no GPU. The `vllm` nox
+session checks every call below against the installed package's real signatures and runs the
+output translation on vLLM's real output classes; the GPU path itself is untested here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import importlib.util
 import os
+import pickle
 import uuid
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+from agenttune.engines.vllm_weights import vllm_weights
 from agenttune.errors import UserError
+
+# vLLM's logprobs of the sampled tokens after temperature, as the trainer recomputes them.
+LOGPROBS_MODE = "processed_logprobs"
+WEIGHT_TRANSFER_BACKEND = "ipc"
 
 
 class VLLMOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gpu_memory_utilization: float = Field(default=0.4, gt=0, le=1, description="GPU memory fraction vLLM may take.")
+    gpu_memory_utilization: float = Field(default=0.4, gt=0, le=1, description=(
+        "Fraction of the GPU's memory vLLM may take (weights + KV cache); the trainer needs the rest."))
     tensor_parallel_size: int = Field(default=1, gt=0, description="GPUs per model (the local backbone: 1).")
     enforce_eager: bool = Field(default=True, description="Skip CUDA graphs: slower decoding, faster start and weight loads.")
     max_num_seqs: int = Field(default=256, gt=0, description="Most sequences decoded together.")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, description=(
+        "Most tokens in one vLLM scheduler step (vLLM's default when unset). TRL sets 4096 when colocated: "
+        "a large value makes vLLM's memory profiler reserve more than a shared GPU has."))
+    enable_prefix_caching: bool = Field(default=True, description=(
+        "Reuse KV blocks of shared prompt prefixes (multi-turn episodes); reset after every weight update."))
+    sleep_level: Literal[0, 1, 2] = Field(default=2, description=(
+        "With the local backbone, what vLLM frees while the trainer updates: 2 = weights and KV cache (the "
+        "new weights are loaded after the step anyway), 1 = KV cache freed and weights offloaded to CPU "
+        "memory, 0 = nothing (vLLM's memory stays taken; no sleep mode)."))
 
 
 class VLLMEngine(InferenceEngine):
+    enforces_guides: ClassVar[bool] = True
     name: ClassVar[str] = "vllm"
     Options: ClassVar[type[BaseModel]] = VLLMOptions
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, *, sleep_level: int = 0, model: Any = None,
+                 share: Callable[[Any], tuple[str, tuple]] | None = None):
         self.engine = engine
+        self.share = share or _cuda_ipc_handle  # tensor -> (GPU UUID, CUDA IPC handle)
+        self.sleep_level = sleep_level
+        self.weight_version = 0  # weight updates loaded into vLLM so far
+        self._pending: Any = model  # a model whose weights vLLM must load before it generates again
+        self._asleep = False
+        self._transfer_ready = False
+        self._lock = asyncio.Lock()
 
     @classmethod
     def from_config(cls, config: Any, options: VLLMOptions, tokenizer: Any, *, model: Any = None) -> VLLMEngine:
         if importlib.util.find_spec("vllm") is None:
             raise UserError("engine.type is 'vllm' but vLLM is not installed.",
                             hint="pip install 'agenttune[vllm]' on a machine with a CUDA GPU, or use engine.type: hf.")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process
+        colocated = model is not None
+        if colocated:
+            _check_colocatable(options, model)
+            # The weight update's CUDA IPC handles reach vLLM's worker process pickled (vLLM refuses that
+            # unless told); the engine is ours, in this process tree, and serves no network requests.
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-        from agenttune.model_loading import resolve_model_path
-
-        arguments = AsyncEngineArgs(
-            model=resolve_model_path(config.model.path),
-            tokenizer=resolve_model_path(config.model.tokenizer or config.model.path, key="model.tokenizer"),
-            dtype=config.model.dtype,
-            max_model_len=config.model.max_model_len,
-            trust_remote_code=config.model.trust_remote_code,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            tensor_parallel_size=options.tensor_parallel_size,
-            enforce_eager=options.enforce_eager,
-            max_num_seqs=options.max_num_seqs,
-        )
-        return cls(AsyncLLMEngine.from_engine_args(arguments))
+        arguments = AsyncEngineArgs(**engine_arguments(config, options, colocated=colocated))
+        return cls(AsyncLLMEngine.from_engine_args(arguments),
+                   sleep_level=options.sleep_level if colocated else 0, model=model)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
+        await self._ready()
         final = None
         async for output in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, vllm_sampling(sampling),
                                                  request_id or uuid.uuid4().hex):
@@ -79,15 +115,81 @@ class VLLMEngine(InferenceEngine):
             return Generation([], [], "abort")
         return to_generation(final.outputs[0])
 
-    def load_weights(self, model: Any) -> None:
-        """Copy the trainer's current weights into vLLM's model (called after each training step)."""
-        target = _vllm_model(self.engine)
-        target.load_weights(((name, tensor.detach()) for name, tensor in _merged_state(model).items()))
-        reset = getattr(self.engine, "reset_prefix_cache", None)
-        if reset is not None:  # cached prefixes were computed with the old weights
-            result = reset()
-            if hasattr(result, "close"):  # a coroutine in async engines; drop it if no loop awaits it
-                result.close()
+    async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+        """vLLM's own stream (cumulative outputs) as new token ids, then the Generation."""
+        await self._ready()
+        final, sent = None, 0
+        async for output in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, vllm_sampling(sampling),
+                                                 request_id or uuid.uuid4().hex):
+            final = output
+            token_ids = output.outputs[0].token_ids if output.outputs else ()
+            if len(token_ids) > sent:
+                yield list(token_ids[sent:])
+                sent = len(token_ids)
+        yield Generation([], [], "abort") if final is None or not final.outputs else to_generation(final.outputs[0])
+
+    # -- colocated with a trainer ------------------------------------------------------------------
+    async def release_memory(self) -> None:
+        """Before the trainer's update: put vLLM to sleep (`sleep_level`), freeing its GPU memory."""
+        async with self._lock:
+            if self.sleep_level and not self._asleep:
+                await self.engine.sleep(level=self.sleep_level)
+                self._asleep = True
+
+    async def sync_weights(self, model: Any, version: int = 0) -> None:
+        """After the update: wake vLLM, load the trainer's new weights into it, reset its prefix cache."""
+        self._pending = model
+        await self._ready()
+
+    async def _ready(self) -> None:
+        """Wake vLLM and load pending weights before a generation (or now, from `sync_weights`)."""
+        if self._pending is None and not self._asleep:
+            return
+        async with self._lock:
+            if self._pending is not None:
+                await self._load(self._pending)
+                self._pending = None
+            elif self._asleep:  # released, then asked to generate without an update in between
+                await self.engine.wake_up(tags=None)
+                self._asleep = False
+
+    async def _load(self, model: Any) -> None:
+        if self._asleep:  # weights first: the KV cache would otherwise take the memory the copy needs
+            await self.engine.wake_up(tags=["weights"])
+        await self._transfer(model)
+        if self._asleep:
+            await self.engine.wake_up(tags=["kv_cache"])
+            self._asleep = False
+        # Cached prefix blocks hold keys and values computed by the old weights.
+        if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight update; refusing to roll out "
+                               "from KV blocks the old weights computed")
+        self.weight_version += 1
+
+    async def _transfer(self, model: Any) -> None:
+        """The trainer's parameters into vLLM's model, by CUDA IPC through vLLM's weight-transfer engine."""
+        import torch
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
+
+        if not self._transfer_ready:
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))
+            self._transfer_ready = True
+        with vllm_weights(model) as weights:
+            shared = [tensor.contiguous() for _, tensor in weights]  # kept alive until vLLM has copied them
+            on_gpu = any(tensor.is_cuda for tensor in shared)
+            if on_gpu:  # LoRA merges and the optimizer's writes are done before vLLM's process reads
+                torch.cuda.synchronize()
+            info = ipc_update_info([name for name, _ in weights], shared, self.share)
+            await self.engine.start_weight_update()
+            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
+            await self.engine.finish_weight_update()
+            del shared
+        if on_gpu:  # release the IPC references vLLM's worker has dropped
+            torch.cuda.ipc_collect()
 
     async def aclose(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)
@@ -95,10 +197,83 @@ class VLLMEngine(InferenceEngine):
             shutdown()
 
 
+def engine_arguments(config: Any, options: VLLMOptions, *, colocated: bool) -> dict[str, Any]:
+    """vLLM's `AsyncEngineArgs` for a run. Colocated: sleep mode and the CUDA IPC weight transfer."""
+    from agenttune.model_loading import resolve_model_path
+
+    arguments: dict[str, Any] = {
+        "model": resolve_model_path(config.model.path),
+        "tokenizer": resolve_model_path(config.model.tokenizer or config.model.path, key="model.tokenizer"),
+        "dtype": config.model.dtype,
+        "max_model_len": config.model.max_model_len,
+        "trust_remote_code": config.model.trust_remote_code,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "enforce_eager": options.enforce_eager,
+        "max_num_seqs": options.max_num_seqs,
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "logprobs_mode": LOGPROBS_MODE,
+    }
+    if options.max_num_batched_tokens is not None:
+        arguments["max_num_batched_tokens"] = options.max_num_batched_tokens
+    if colocated:
+        arguments["enable_sleep_mode"] = options.sleep_level > 0
+        arguments["weight_transfer_config"] = {"backend": WEIGHT_TRANSFER_BACKEND}
+    return arguments
+
+
+def _check_colocatable(options: VLLMOptions, model: Any) -> None:
+    if options.tensor_parallel_size != 1:
+        raise UserError(
+            f"engine.tensor_parallel_size is {options.tensor_parallel_size}, but with the local backbone vLLM runs "
+            "on the trainer's one GPU and receives its weights by CUDA IPC, one GPU to one GPU.",
+            hint="Remove engine.tensor_parallel_size (1), or serve a larger model with `vllm serve` and use "
+                 "engine.type: openai.")
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        raise UserError(
+            f"engine.type is 'vllm', but the policy being trained is on {device.type!r}: vLLM shares the "
+            "trainer's weights on one CUDA GPU.",
+            hint="Train on a CUDA GPU (local.device: cuda or auto), or use engine.type: hf.")
+
+
+def ipc_update_info(names: list[str], tensors: list[Any], handle_of: Callable[[Any], tuple[str, tuple]]) -> dict:
+    """The update payload of vLLM's IPC weight transfer (`IPCWeightTransferUpdateInfo`'s fields).
+
+    `handle_of(tensor)` gives (GPU UUID, `reduce_tensor` args). The handles travel pickled
+    (`ipc_handles_pickled`): vLLM's RPC between processes carries no raw CUDA handles.
+    """
+    handles = []
+    for tensor in tensors:
+        gpu, arguments = handle_of(tensor)
+        handles.append({gpu: arguments})
+    return {
+        "names": list(names),
+        "dtype_names": [str(tensor.dtype).removeprefix("torch.") for tensor in tensors],
+        "shapes": [list(tensor.shape) for tensor in tensors],
+        "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("ascii"),
+    }
+
+
+def _cuda_ipc_handle(tensor: Any) -> tuple[str, tuple]:
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    gpu = str(torch.cuda.get_device_properties(tensor.device).uuid)
+    return gpu, reduce_tensor(tensor)[1]
+
+
 def vllm_sampling(sampling: SamplingParams) -> Any:
     from vllm import SamplingParams as VLLMSamplingParams
 
+    guide = {}
+    if sampling.guide is not None:  # vLLM's structured outputs (>= 0.10.2; xgrammar by default)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        field = "json" if sampling.guide.kind == "json_schema" else "structural_tag"
+        guide["structured_outputs"] = StructuredOutputsParams(**{field: sampling.guide.spec})
     return VLLMSamplingParams(
+        **guide,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k if sampling.top_k > 0 else -1,
@@ -120,34 +295,3 @@ def to_generation(completion: Any) -> Generation:
     if completion.logprobs is not None:
         logprobs = [float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs, strict=True)]
     return Generation(token_ids, logprobs, _FINISH_REASONS.get(completion.finish_reason, "abort"))
-
-
-def _vllm_model(engine: Any) -> Any:
-    """The torch module vLLM decodes with; only reachable when vLLM runs in this process."""
-    paths = (
-        ("engine_core", "engine_core", "model_executor", "driver_worker", "worker", "model_runner", "model"),
-        ("engine", "model_executor", "driver_worker", "model_runner", "model"),
-    )
-    for path in paths:
-        node = engine
-        for attribute in path:
-            node = getattr(node, attribute, None)
-            if node is None:
-                break
-        if node is not None and hasattr(node, "load_weights"):
-            return node
-    raise RuntimeError("cannot reach vLLM's model to load new weights into (this vLLM version keeps it elsewhere); "
-                       "refusing to roll out with stale weights")
-
-
-def _merged_state(model: Any) -> dict[str, Any]:
-    """The full model's weights under Hugging Face names (LoRA adapters merged in)."""
-    if hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter"):
-        model.merge_adapter()
-        try:
-            base = model.get_base_model()
-            return {name.replace(".base_layer", ""): tensor.clone() for name, tensor in base.state_dict().items()
-                    if "lora_" not in name}
-        finally:
-            model.unmerge_adapter()
-    return model.state_dict()

@@ -43,6 +43,7 @@ class EpisodeChannel:
         self.key = key
         self.sampling = sampling
         self.context_overflow = False
+        self.turn_limit = False  # an agent asked for more than rollout.max_turns calls (refused)
         self.trainable = True  # False once the engine answered with text instead of token ids
         self.engine_failing = False  # the latest call failed in the inference engine (a 502)
         self.madness: list[str] = []  # the checks that fired, in order, each once
@@ -112,7 +113,7 @@ class EpisodeChannel:
             breaks.update(timeline.breaks)
         metrics: dict[str, float] = {name: 0.0 for name in ("calls", "prompt_tokens", "generated_tokens",
                                                             "tool_calls", "tool_call_errors", "engine_errors",
-                                                            "context_overflow")}
+                                                            "context_overflow", "turn_limit")}
         metrics.update({name: float(value) for name, value in self.counters.items()})
         metrics["samples"] = float(len(self._samples))
         metrics["merge_breaks"] = float(sum(breaks.values()))

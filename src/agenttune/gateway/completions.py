@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engine import Generation, Guide, GuideError, InferenceEngine, SamplingParams
 from agenttune.gateway import madness
-from agenttune.gateway.channel import EpisodeChannel
+from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.errors import GatewayError
+from agenttune.gateway.guides import guide_for
 from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.reasoning import ThinkParser
 from agenttune.gateway.rendering import ChatRenderer
+from agenttune.gateway.responses import ChunkWriter
+from agenttune.gateway.streaming import DeltaStream
 from agenttune.gateway.timeline import Prompt, Timeline
 from agenttune.gateway.tool_parsers import ToolParse, ToolParser
 
@@ -43,12 +48,14 @@ class ChatResult:
 
 class ChatCompletions:
     def __init__(self, engine: InferenceEngine, renderer: ChatRenderer, tool_parser: ToolParser,
-                 reasoning_parser: ThinkParser | None, *, max_model_len: int, madness_checks: list[str]):
+                 reasoning_parser: ThinkParser | None, *, max_model_len: int, madness_checks: list[str],
+                 max_turns: int | None = None):
         self.engine = engine
         self.renderer = renderer
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
         self.max_model_len = max_model_len
+        self.max_turns = max_turns
         self.checks = set(madness_checks)
         eos = renderer.tokenizer.eos_token_id
         self.stop_token_ids = (eos,) if eos is not None else ()
@@ -56,30 +63,131 @@ class ChatCompletions:
         self.chat_mode = bool(getattr(engine, "wants_messages", False))
 
     async def __call__(self, channel: EpisodeChannel, agent: str, body: Any) -> ChatResult:
-        request = parse_chat_request(body)
+        return await self.answer(channel, agent, parse_chat_request(body))
+
+    async def answer(self, channel: EpisodeChannel, agent: str, request: ChatRequest) -> ChatResult:
+        """The whole reply, once generated."""
         timeline = channel.timeline(agent)
         timeline.in_flight += 1
         try:
-            prompt = timeline.prompt_for(request)
-            sampling = self._sampling(channel.sampling, request)
-            self._check_fits(channel, prompt, sampling)
+            prompt, sampling = self._prepare(channel, timeline, request)
             generation, server_prompt = await self._generate(channel, request, prompt, sampling)
             if server_prompt is not None:  # chat mode: the server rendered the prompt
                 prompt = Prompt(server_prompt)
             exact = bool(generation.token_ids) and (server_prompt is not None or not self.chat_mode)
-            return self._finish(channel, timeline, request, prompt, generation, exact)
+            return self._finish(channel, timeline, request, prompt, generation, exact, guided=sampling.guide is not None)
         finally:
             timeline.in_flight -= 1
 
-    def _sampling(self, base: SamplingParams, request: ChatRequest) -> SamplingParams:
+    @property
+    def streams(self) -> bool:
+        """Whether replies can be streamed as they are generated (chat-mode engines answer whole)."""
+        return not self.chat_mode
+
+    async def stream(self, channel: EpisodeChannel, agent: str, request: ChatRequest) -> AsyncIterator[bytes]:
+        """The reply as server-sent events, chunk by chunk as tokens are sampled.
+
+        Refusals (bad request, turn limit, context overflow) are raised here, before the stream
+        starts, so they get their status code; an engine failure later ends the stream with an
+        error event. The finished reply is recorded exactly as `answer` records it.
+        """
+        timeline = channel.timeline(agent)
+        timeline.in_flight += 1
+        try:
+            prompt, sampling = self._prepare(channel, timeline, request)
+        except BaseException:
+            timeline.in_flight -= 1
+            raise
+        return self._events(channel, timeline, request, prompt, sampling)
+
+    async def _events(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
+                      sampling: SamplingParams) -> AsyncIterator[bytes]:
+        chunks = ChunkWriter(request, random_id("chatcmpl-"), int(time.time()))
+        deltas = DeltaStream(reasoning=None if sampling.guide else self.reasoning_parser,
+                             tool_start=getattr(self.tool_parser, "START", None) if request.parses_tool_calls else None,
+                             stops=request.stop, prompt_opens_thinking=self._opens_thinking(prompt))
+        try:
+            yield chunks.delta({"role": "assistant", "content": ""})
+            token_ids: list[int] = []
+            generation = None
+            async for event in self._generate_stream(channel, prompt, sampling):
+                if isinstance(event, Generation):
+                    generation = event
+                    break
+                token_ids += event
+                text_ids = token_ids[:-1] if token_ids[-1] in self.stop_tokens else token_ids
+                for delta in deltas.push(self.renderer.decode(text_ids)):
+                    yield chunks.delta(delta)
+            self._check_logprobs(channel, generation)
+            result = self._finish(channel, timeline, request, prompt, generation, bool(generation.token_ids),
+                                  guided=sampling.guide is not None, result_id=chunks.id, created=chunks.created)
+            for delta in deltas.finish(result.message):
+                yield chunks.delta(delta)
+            if deltas.mismatch:
+                channel.counters["stream_mismatch"] += 1
+            yield chunks.ending(result)
+        except GatewayError as error:
+            yield chunks.error(error)
+        finally:
+            timeline.in_flight -= 1
+
+    async def _generate_stream(self, channel: EpisodeChannel, prompt: Prompt,
+                               sampling: SamplingParams) -> AsyncIterator[list[int] | Generation]:
+        events = self.engine.generate_stream(prompt.ids, sampling, request_id=channel.episode_id)
+        try:
+            async for event in events:
+                yield event
+        except GuideError as error:
+            raise self._guide_refusal(error) from error
+        except Exception as error:
+            raise self._engine_failure(channel, error) from error
+        finally:
+            await events.aclose()
+
+    def _opens_thinking(self, prompt: Prompt) -> bool:
+        """Whether the chat template opened the reply's `<think>` block in the prompt itself."""
+        if self.reasoning_parser is None:
+            return False
+        tail = self.renderer.decode(prompt.ids[-4:]).rstrip("\n")
+        return tail.endswith(self.reasoning_parser.OPEN)
+
+    def _prepare(self, channel: EpisodeChannel, timeline: Timeline,
+                 request: ChatRequest) -> tuple[Prompt, SamplingParams]:
+        self._check_turns(channel, timeline)
+        prompt = timeline.prompt_for(request)
+        sampling = self._sampling(channel, request)
+        self._check_fits(channel, prompt, sampling)
+        return prompt, sampling
+
+    def _sampling(self, channel: EpisodeChannel, request: ChatRequest) -> SamplingParams:
         # The episode decides temperature/top_p/top_k (training samples from the policy it trains);
-        # the request may ask for fewer tokens and for stop strings.
+        # the request may ask for fewer tokens, for stop strings, and for a grammar (tool_choice,
+        # response_format).
+        base = channel.sampling
         max_tokens = min(request.max_tokens or base.max_tokens, base.max_tokens)
-        return self._request_sampling(base, max_tokens, request.stop or base.stop)
+        guide = guide_for(request, self.tool_parser)
+        if guide is not None and not self.engine.enforces_guides:
+            channel.counters["guide_not_enforced"] += 1  # (the scripted test engine; docs/gateway.md)
+            guide = None
+        return self._request_sampling(base, max_tokens, request.stop or base.stop, guide)
 
     @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run
-    def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
-        return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids)
+    def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...],
+                          guide: Guide | None) -> SamplingParams:
+        return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids,
+                       guide=guide)
+
+    def _check_turns(self, channel: EpisodeChannel, timeline: Timeline) -> None:
+        # Calls running now count: an agent that sends several at once cannot slip past the limit.
+        if self.max_turns is None or timeline.calls + timeline.in_flight <= self.max_turns:
+            return
+        channel.turn_limit = True
+        channel.counters["turn_limit"] = 1
+        agent = "" if timeline.agent == DEFAULT_AGENT else f" (agent {timeline.agent!r})"
+        raise GatewayError(
+            400, f"This episode has used all {self.max_turns} model calls it may make{agent} (rollout.max_turns), "
+                 "so it ends here: stop calling the model and return. Raise rollout.max_turns to allow more.",
+            code="max_turns_exceeded")
 
     def _check_fits(self, channel: EpisodeChannel, prompt: Prompt, sampling: SamplingParams) -> None:
         needed = len(prompt.ids) + sampling.max_tokens
@@ -96,25 +204,64 @@ class ChatCompletions:
                         sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
         try:
             if self.chat_mode:
-                return await self.engine.generate_chat(request.messages, request.tools, sampling)
-            return await self.engine.generate(prompt.ids, sampling, request_id=channel.episode_id), None
+                generation, server_prompt = await self.engine.generate_chat(request.messages, request.tools, sampling)
+            else:
+                generation, server_prompt = await self.engine.generate(
+                    prompt.ids, sampling, request_id=channel.episode_id), None
+        except GuideError as error:  # the request's schema, not the engine, is at fault
+            raise self._guide_refusal(error) from error
         except Exception as error:
-            channel.counters["engine_errors"] += 1
-            channel.engine_failing = True
-            raise GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}",
-                               code="engine_error") from error
+            raise self._engine_failure(channel, error) from error
+        self._check_logprobs(channel, generation)
+        return generation, server_prompt
+
+    @staticmethod
+    def _guide_refusal(error: GuideError) -> GatewayError:
+        return GatewayError(400, f"The response_format or tool parameters schema cannot be enforced: {error}. "
+                                 "Simplify the schema.", param="response_format")
+
+    @staticmethod
+    def _engine_failure(channel: EpisodeChannel, error: Exception) -> GatewayError:
+        channel.counters["engine_errors"] += 1
+        channel.engine_failing = True
+        return GatewayError(502, f"The inference engine failed: {type(error).__name__}: {error}", code="engine_error")
+
+    def _check_logprobs(self, channel: EpisodeChannel, generation: Generation) -> None:
+        """One finite logprob per generated token, or the call fails: a 0.0 would train as probability 1."""
+        if not generation.token_ids:  # text only: the episode is not trainable anyway
+            return
+        if not self.engine.returns_logprobs:
+            generation.logprobs = None  # the sample says so; the trainer recomputes them
+            return
+        problem = logprob_problem(generation.token_ids, generation.logprobs)
+        if problem is None:
+            return
+        cause, detail = problem
+        channel.counters["engine_errors"] += 1
+        channel.counters[f"engine_output_rejected/{cause}"] += 1
+        channel.engine_failing = True
+        raise GatewayError(
+            502, f"The inference engine returned {len(generation.token_ids)} tokens with {detail}, so they cannot be "
+                 f"trained on. Engines must report the sampled tokens' logprobs ({type(self.engine).__name__} "
+                 "declares returns_logprobs); an engine that cannot should declare returns_logprobs = False.",
+            code="engine_error")
 
     def _finish(self, channel: EpisodeChannel, timeline: Timeline, request: ChatRequest, prompt: Prompt,
-                generation: Generation, exact: bool) -> ChatResult:
+                generation: Generation, exact: bool, *, guided: bool = False, result_id: str | None = None,
+                created: int | None = None) -> ChatResult:
         channel.engine_failing = False
         decoded = self._decode(channel, generation, exact)
         text = decoded.text
         if generation.finish_reason == "stop" and request.stop:
             text = _cut_at_stop(text, request.stop)
-        reply, parsed = self._reply(request, text)
+        reply, parsed = self._reply(request, text, guided, truncated=generation.finish_reason == "length")
         self._check_madness(channel, request, decoded.text_ids, parsed)
         timeline.record(request, prompt, decoded.token_ids, generation.logprobs if exact else None, reply,
-                        exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode)
+                        exact=exact, stop_token=decoded.stop_token, extendable=exact and not self.chat_mode,
+                        forced=generation.forced if exact else None,
+                        versions=generation.versions if exact else None)
+        if exact and generation.forced:
+            channel.counters["forced_tokens"] += sum(generation.forced)
         counters = channel.counters
         counters["calls"] += 1
         counters["prompt_tokens"] += len(prompt.ids)
@@ -126,8 +273,8 @@ class ChatCompletions:
                         for token, logprob in zip(decoded.text_ids, generation.logprobs, strict=False)]
         calls = reply.get("tool_calls")
         message = {**reply, "content": reply["content"] if (reply["content"] or not calls) else None}
-        return ChatResult(request, random_id("chatcmpl-"), int(time.time()), message,
-                          "tool_calls" if calls else generation.finish_reason, len(prompt.ids),
+        return ChatResult(request, result_id or random_id("chatcmpl-"), created or int(time.time()), message,
+                          "tool_calls" if calls and not parsed.errors else generation.finish_reason, len(prompt.ids),
                           len(decoded.token_ids), logprobs)
 
     def _decode(self, channel: EpisodeChannel, generation: Generation, exact: bool) -> _Decoded:
@@ -140,10 +287,18 @@ class ChatCompletions:
         text_ids = token_ids[:-1] if ends_on_stop else token_ids
         return _Decoded(token_ids, text_ids, self.renderer.decode(text_ids), token_ids[-1] if ends_on_stop else None)
 
-    def _reply(self, request: ChatRequest, text: str) -> tuple[dict[str, Any], ToolParse]:
-        """The assistant message: reasoning, content and tool calls read out of the text."""
-        reasoning, content = self.reasoning_parser.split(text) if self.reasoning_parser else (None, text)
+    def _reply(self, request: ChatRequest, text: str, guided: bool = False, *,
+                truncated: bool = False) -> tuple[dict[str, Any], ToolParse]:
+        """The assistant message: reasoning, content and tool calls read out of the text.
+
+        A guided reply follows its grammar from the first token: it has no reasoning block (a
+        `</think>` inside a JSON string is just text).
+        """
+        split = self.reasoning_parser is not None and not guided
+        reasoning, content = self.reasoning_parser.split(text) if split else (None, text)
         parsed = self.tool_parser.parse(content) if request.parses_tool_calls else ToolParse(content)
+        if parsed.errors and truncated:
+            parsed = self._complete_calls(content, parsed)
         reply: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         calls = parsed.calls if request.parallel_tool_calls else parsed.calls[:1]
         if calls:
@@ -151,6 +306,18 @@ class ChatCompletions:
         if reasoning:
             reply["reasoning_content"] = reasoning
         return reply, parsed
+
+    def _complete_calls(self, content: str, parsed: ToolParse) -> ToolParse:
+        """A reply the token budget cut off inside a tool call keeps the calls it finished (the cut one
+        is dropped, and still counted as a tool-call error); otherwise all of it stays text."""
+        end = getattr(self.tool_parser, "END", None)
+        finished = content.rfind(end) if end else -1
+        if finished < 0:
+            return parsed
+        complete = self.tool_parser.parse(content[:finished + len(end)])
+        if complete.errors or not complete.calls:
+            return parsed
+        return ToolParse(complete.content, complete.calls, parsed.errors)
 
     def _check_madness(self, channel: EpisodeChannel, request: ChatRequest, text_ids: list[int],
                        parsed: ToolParse) -> None:
@@ -166,6 +333,20 @@ class ChatCompletions:
             channel.counters["tool_call_errors"] += len(problems)
             for problem in problems:
                 channel.flag_madness(madness.WRONG_TOOLCALL, problem)
+
+
+def logprob_problem(token_ids: list[int], logprobs: list[float] | None) -> tuple[str, str] | None:
+    """(cause, description) when the logprobs cannot be trained on; None when they can."""
+    if logprobs is None:
+        return "no_logprobs", "no logprobs"
+    if len(logprobs) != len(token_ids):
+        return "logprob_count", f"{len(logprobs)} logprobs"
+    for position, value in enumerate(logprobs):
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return "non_finite_logprob", f"a logprob of {value!r} at position {position}"
+        if value > 1e-3:  # log-probabilities are <= 0; allow rounding
+            return "positive_logprob", f"a logprob of {value!r} (> 0) at position {position}"
+    return None
 
 
 def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:

@@ -34,6 +34,8 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The JSON schema the reply must follow (response_format json_object / json_schema); None: free text.
+    response_schema: dict[str, Any] | None = None
 
     @property
     def tool_names(self) -> set[str]:
@@ -51,10 +53,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if n is not None and (n != 1 or isinstance(n, bool)):
         shown = f"n={n!r}" if isinstance(n, int) else "this 'n'"
         raise bad_request(f"{shown} is not supported: the gateway returns one choice per request "
-                          "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n")
+                          "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n",
+                          code="unsupported_value")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string.", param="model")
+        raise bad_request("'model' must be a string.", param="model", code="invalid_type")
     stream = _optional(body, "stream", bool) or False
     stream_options = _optional(body, "stream_options", dict) or {}
     return ChatRequest(
@@ -69,6 +72,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=_stop(body.get("stop")),
         logprobs=bool(_optional(body, "logprobs", bool)),
         template_kwargs=_optional(body, "chat_template_kwargs", dict) or {},
+        response_schema=_response_schema(body.get("response_format")),
     )
 
 
@@ -78,7 +82,7 @@ def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise bad_request(f"'{key}' must be {_KIND_NAMES[kind]}, not {_KIND_NAMES.get(type(value), 'that')}.",
-                          param=key)
+                          param=key, code="invalid_type")
     return value
 
 
@@ -104,7 +108,8 @@ def _stop(stop: Any) -> tuple[str, ...]:
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of message objects.", param="messages")
+        raise bad_request("'messages' must be a non-empty list of message objects.", param="messages",
+                          code="missing_required_parameter" if messages is None else "invalid_value")
     return [_message(message, index) for index, message in enumerate(messages)]
 
 
@@ -205,6 +210,28 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                               param=f"tools[{index}]")
         normal.append({"type": "function", "function": function})
     return normal
+
+
+def _response_schema(response_format: Any) -> dict[str, Any] | None:
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None and isinstance(spec, dict):
+            return {}  # no schema given: any JSON value, as OpenAI
+        if isinstance(schema, dict | bool):
+            return schema if isinstance(schema, dict) else {}
+        raise bad_request("response_format.json_schema.schema must be a JSON-schema object.",
+                          param="response_format")
+    raise bad_request("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}.",
+                      param="response_format")
 
 
 def _tool_choice(choice: Any) -> str | dict[str, Any]:

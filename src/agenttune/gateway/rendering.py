@@ -1,16 +1,21 @@
 """The model's chat template, rendered and tokenized the way the gateway needs it.
 
 Besides rendering a whole conversation, the renderer answers the timeline's question: *given the
-token ids the model already saw and generated, which ids do the new messages add?*
-(`text_after_reply`): it renders the conversation with a sentinel in place of the model's reply;
-the text after the sentinel is the template's glue (e.g. end of turn and newline) followed by the new
-messages and the next generation prompt.
+token ids the model already saw and generated, which ids do the new messages add — and may they be
+added at all?* (`continuation`): it renders the conversation with the model's reply wrapped in
+sentinels, once as it stood when the reply was generated (the reply last) and once with the new
+messages after it. The text after the closing sentinel is the template's glue (e.g. end of turn and
+newline) followed by the new messages and the next generation prompt; it may only be appended when
+the template wrote everything up to the reply's end the same way both times (templates look ahead:
+Qwen3 drops earlier turns' reasoning once a user speaks again, Mistral moves the tool list before the
+last user turn).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -18,7 +23,17 @@ from typing import Any
 from agenttune.errors import UserError
 from agenttune.gateway.errors import GatewayError, bad_request
 
-SENTINEL = "\u2063agenttune-reply\u2063"  # invisible separator: never in real text, survives templates
+# Invisible separators around the reply's content: never in real text, and templates copy them as they are.
+REPLY_START = "\u2063agenttune-reply\u2063"
+REPLY_END = "\u2063agenttune-reply-end\u2063"
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What follows the model's reply when the new messages are added, or why they cannot be."""
+
+    text: str | None  # glue + new messages + generation prompt; None when `problem` is set
+    problem: str | None = None  # a timeline break reason
 
 
 class ChatRenderer:
@@ -52,28 +67,33 @@ class ChatRenderer:
             raise bad_request(f"The model's chat template cannot render these messages: {error}",
                               param="messages") from error
 
-    def text_after_reply(self, history: list[dict[str, Any]], reply: dict[str, Any], new: list[dict[str, Any]],
-                         tools: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> str | None:
+    def continuation(self, history: list[dict[str, Any]], reply: dict[str, Any], new: list[dict[str, Any]],
+                     tools: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> Continuation:
         """The text the template writes after the model's reply in `history + [reply] + new`.
 
-        That is the end of the reply's turn (e.g. "<|im_end|>\n"), the new messages and the next
-        generation prompt. The conversation is rendered once, with a sentinel as the reply's content
-        (keeping its reasoning, which templates such as Qwen3's look at); the reply's tool calls are
-        left out, since the model wrote them itself. None: the template would not render the sentinel
-        as given, so the ids cannot be reused.
+        The reply's content is wrapped in sentinels (its reasoning kept, which templates such as
+        Qwen3's look at; its tool calls left out, since the model wrote them itself). Rendered with
+        the reply last (as when it was generated) and with `new` after it, the text up to the
+        closing sentinel must be the same, and the content between the sentinels untouched;
+        otherwise the template rewrote the history (`template_rewrote_history`) or the reply
+        (`template_rewrote_reply`) and the engine's ids would no longer be what the template renders.
         """
-        stand_in = {"role": "assistant", "content": SENTINEL}
+        stand_in = {"role": "assistant", "content": REPLY_START + (reply.get("content") or "") + REPLY_END}
         if reply.get("reasoning_content"):
             stand_in["reasoning_content"] = reply["reasoning_content"]
         try:
-            text = self.render([*history, stand_in, *new], tools, add_generation_prompt=True,
+            now = self.render([*history, stand_in, *new], tools, add_generation_prompt=True,
+                              template_kwargs=template_kwargs)
+            then = self.render([*history, stand_in], tools, add_generation_prompt=False,
                                template_kwargs=template_kwargs)
         except GatewayError:
-            return None
-        at = text.find(SENTINEL)
-        if at < 0 or text.find(SENTINEL, at + 1) >= 0:
-            return None
-        return text[at + len(SENTINEL):]
+            return Continuation(None, "template_unsupported")
+        end_now, end_then = _reply_end(now, stand_in["content"]), _reply_end(then, stand_in["content"])
+        if end_now is None:
+            return Continuation(None, "template_rewrote_reply")
+        if end_then is None or now[:end_now] != then[:end_then] or not now.startswith(then[end_then:], end_now):
+            return Continuation(None, "template_rewrote_history")
+        return Continuation(now[end_now:])
 
     # -- tokens --------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -106,6 +126,14 @@ class ChatRenderer:
 
     def token_text(self, token_id: int) -> str:
         return self._token_text(token_id)
+
+
+def _reply_end(text: str, wrapped: str) -> int | None:
+    """Where the wrapped reply ends in `text`, if the template wrote it once and unchanged."""
+    at = text.find(wrapped)
+    if at < 0 or text.find(REPLY_START, at + 1) >= 0:
+        return None
+    return at + len(wrapped)
 
 
 def _splitting_tokens(tokenizer: Any) -> dict[str, int]:

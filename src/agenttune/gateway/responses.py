@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agenttune.gateway.completions import ChatResult
+if TYPE_CHECKING:
+    from agenttune.gateway.completions import ChatResult
+    from agenttune.gateway.errors import GatewayError
+    from agenttune.gateway.protocol import ChatRequest
 
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps would build one per call
 
@@ -36,11 +39,9 @@ def completion_body(result: ChatResult) -> bytes:
 
 
 def completion_events(result: ChatResult) -> bytes:
-    """The whole reply as SSE: role, reasoning, content, tool calls, finish, usage, [DONE]."""
-    head = {"id": result.id, "object": "chat.completion.chunk", "created": result.created,
-            "model": result.request.model}
-    if result.request.include_usage:
-        head["usage"] = None
+    """A finished reply as SSE in one go (engines that answer whole): role, reasoning, content, tool
+    calls, finish, usage, [DONE]."""
+    chunks = ChunkWriter(result.request, result.id, result.created)
     message = result.message
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     if message.get("reasoning_content"):
@@ -49,17 +50,38 @@ def completion_events(result: ChatResult) -> bytes:
         deltas.append({"content": message["content"]})
     for index, call in enumerate(message.get("tool_calls") or []):
         deltas.append({"tool_calls": [{"index": index, **call}]})
-    events = [_event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]})
-              for delta in deltas]
-    if result.token_logprobs is not None:  # attach logprobs to the content chunk's neighbour: a chunk of its own
-        events.append(_event({**head, "choices": [{"index": 0, "delta": {}, "logprobs": _logprobs(result),
-                                                   "finish_reason": None}]}))
-    events.append(_event({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                               "finish_reason": result.finish_reason}]}))
-    if result.request.include_usage:
-        events.append(_event({**head, "choices": [], "usage": _usage(result)}))
-    events.append(b"data: [DONE]\n\n")
-    return b"".join(events)
+    return b"".join([*(chunks.delta(delta) for delta in deltas), chunks.ending(result)])
+
+
+class ChunkWriter:
+    """`chat.completion.chunk` events of one reply (all share its id, creation time and model)."""
+
+    def __init__(self, request: ChatRequest, id: str, created: int):
+        self.request, self.id, self.created = request, id, created
+        self.head: dict[str, Any] = {"id": id, "object": "chat.completion.chunk", "created": created,
+                                     "model": request.model}
+        if request.include_usage:
+            self.head["usage"] = None
+
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        return _event({**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]})
+
+    def ending(self, result: ChatResult) -> bytes:
+        """Logprobs (a chunk of their own), the finish reason, usage when asked for, [DONE]."""
+        events = []
+        if result.token_logprobs is not None:
+            events.append(_event({**self.head, "choices": [{"index": 0, "delta": {}, "logprobs": _logprobs(result),
+                                                            "finish_reason": None}]}))
+        events.append(_event({**self.head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                        "finish_reason": result.finish_reason}]}))
+        if self.request.include_usage:
+            events.append(_event({**self.head, "choices": [], "usage": _usage(result)}))
+        events.append(b"data: [DONE]\n\n")
+        return b"".join(events)
+
+    def error(self, error: GatewayError) -> bytes:
+        """A failure after the stream started (its status line is sent): an error event, then [DONE]."""
+        return _event(error.body()) + b"data: [DONE]\n\n"
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ from agenttune.errors import UserError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
 from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.gateway.protocol import parse_chat_request
 from agenttune.gateway.reasoning import get_reasoning_parser
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import completion_body, completion_events, dumps
@@ -39,6 +42,7 @@ from agenttune.loopback import is_loopback
 log = structlog.get_logger("agenttune.gateway")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_NAME = re.compile(r"[A-Za-z0-9_.:@+=-]{1,40}")  # an API key that reads like a conversation's name
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or a raw UTF-16 surrogate
 JSON = "application/json"
 EVENTS = "text/event-stream"
@@ -49,10 +53,20 @@ class Reply:
     status: int
     body: bytes
     content_type: str = JSON
+    stream: AsyncIterator[bytes] | None = None  # a streamed reply's events (then `body` is empty)
+
+    async def read(self) -> bytes:
+        """The whole body (a stream is read to its end)."""
+        if self.stream is None:
+            return self.body
+        return b"".join([chunk async for chunk in self.stream])
 
 
 class Gateway:
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: AgentTuneConfig):
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: AgentTuneConfig, *, open_access: bool = False):
+        """`open_access`: any API key is accepted, each distinct one a conversation of its own (opened on
+        first use, never closed; `agenttune serve`). Otherwise only keys of open episodes are."""
+        self.open_access = open_access
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
@@ -60,7 +74,8 @@ class Gateway:
         self.completions = ChatCompletions(
             engine, self.renderer, get_tool_parser(config.gateway.tool_parser),
             get_reasoning_parser(config.gateway.reasoning_parser),
-            max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist))
+            max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
+            max_turns=None if open_access else config.rollout.max_turns)  # a served conversation is no episode
         self.model_name = config.model.path or "agenttune"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
@@ -80,7 +95,7 @@ class Gateway:
         self._server = _embedded_server(uvicorn.Config(
             build_app(self), host=settings.host, port=settings.port, log_level="warning", access_log=False,
             lifespan="off", timeout_keep_alive=30))
-        self._serving = asyncio.create_task(self._server.serve(), name="agenttune-gateway")
+        self._serving = asyncio.create_task(_serve(self._server), name="agenttune-gateway")
         while not self._server.started:
             if self._serving.done():
                 error = self._serving.exception() if not self._serving.cancelled() else None
@@ -91,7 +106,7 @@ class Gateway:
             await asyncio.sleep(0.005)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         if not is_loopback(settings.host):
-            log.warning(exposure_warning(settings.host, self.port))
+            log.warning(exposure_warning(settings.host, self.port, any_key=self.open_access))
         return self
 
     async def stop(self) -> None:
@@ -167,8 +182,11 @@ class Gateway:
         if route == "/chat/completions":
             _allow(method, "POST")
             channel, agent = self._channel(path_key or _header_key(headers))
-            result = await self.completions(channel, agent, _json(body))
-            if result.request.stream:
+            request = parse_chat_request(_json(body))
+            if request.stream and self.completions.streams:
+                return Reply(200, b"", EVENTS, stream=await self.completions.stream(channel, agent, request))
+            result = await self.completions.answer(channel, agent, request)
+            if request.stream:
                 return Reply(200, completion_events(result), EVENTS)
             return Reply(200, completion_body(result))
         if route == "/models":
@@ -181,9 +199,18 @@ class Gateway:
         raise GatewayError(404, f"No route {method} {path}. The gateway serves POST /v1/chat/completions, "
                                 "GET /v1/models and GET /health.", code="not_found")
 
+    def channels(self) -> list[EpisodeChannel]:
+        """The open episodes (in open access: every conversation so far), oldest first."""
+        return list(self._channels.values())
+
     def _channel(self, api_key: str | None) -> tuple[EpisodeChannel, str]:
         key, _, agent = (api_key or "").partition(".")
         channel = self._channels.get(key)
+        if channel is None and self.open_access:
+            key = key or "default"
+            channel = self._channels.get(key) or EpisodeChannel(self, conversation_name(key), key,
+                                                                self.default_sampling())
+            self._channels[key] = channel
         if channel is None:
             raise GatewayError(401, "Unknown or closed episode key. Send the key the episode was given "
                                     "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
@@ -191,11 +218,20 @@ class Gateway:
         return channel, agent or DEFAULT_AGENT
 
 
-def exposure_warning(host: str, port: int) -> str:
+def conversation_name(key: str) -> str:
+    """The episode id of an open-access conversation: its key when that reads like a name; a digest when
+    the key may be a secret (a provider key left in the agent's environment must not reach the log)."""
+    if _NAME.fullmatch(key) and not key.lower().startswith(("sk-", "sk_")):
+        return key
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def exposure_warning(host: str, port: int, *, any_key: bool = False) -> str:
+    protection = ("every API key is accepted (agenttune serve), so nothing protects it" if any_key else
+                  "the episode keys (sent in clear text over HTTP) are the only protection")
     return (f"WARNING: the gateway listens on {host}:{port}, not on loopback: anyone who can reach this machine "
-            "can talk to the model under training, and the episode keys (sent in clear text over HTTP) are the "
-            "only protection. Keep gateway.host: 127.0.0.1 unless agents on other machines must reach it, "
-            "and then only on a trusted network.")
+            f"can talk to the model under training, and {protection}. Keep gateway.host: 127.0.0.1 unless "
+            "agents on other machines must reach it, and then only on a trusted network.")
 
 
 def _allow(method: str, allowed: str) -> None:
@@ -241,16 +277,29 @@ def build_app(gateway: Gateway) -> Any:
     """The ASGI app: every HTTP request goes to `gateway.handle` (Starlette's request and response,
     without a router or middleware: the gateway routes itself, and never lets an error escape)."""
     from starlette.requests import Request
-    from starlette.responses import Response
+    from starlette.responses import Response, StreamingResponse
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":  # lifespan and websockets: nothing to do
             return
         request = Request(scope, receive)
         reply = await gateway.handle(request.method, scope["path"], request.headers, await request.body())
-        await Response(reply.body, status_code=reply.status, media_type=reply.content_type)(scope, receive, send)
+        if reply.stream is not None:  # (a client that disconnects closes the stream: the engine drops the row)
+            response: Response = StreamingResponse(reply.stream, status_code=reply.status,
+                                                   media_type=reply.content_type)
+        else:
+            response = Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+        await response(scope, receive, send)
 
     return app
+
+
+async def _serve(server: Any) -> None:
+    """uvicorn exits the process (SystemExit) when it cannot bind: here that is an error `start` reports."""
+    try:
+        await server.serve()
+    except SystemExit:
+        raise OSError("the address is in use or cannot be bound (uvicorn could not start)") from None
 
 
 def _embedded_server(config: Any) -> Any:

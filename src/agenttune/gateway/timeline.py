@@ -28,6 +28,10 @@ BREAK_REASONS = {
     "dropped_thinking": "the model's reply came back without its reasoning",
     "no_new_messages": "nothing follows the model's reply",
     "template_unsupported": "the chat template could not render the continuation around the reply",
+    "template_rewrote_history": "the chat template renders the earlier turns differently once the new messages "
+                                "follow (e.g. it drops their reasoning, or moves the tool list)",
+    "template_rewrote_reply": "the chat template renders the model's reply differently than it was generated "
+                              "(e.g. it strips a think block left in the content)",
     "concurrent_call": "another call of the same agent was still running",
 }
 
@@ -41,16 +45,28 @@ class SampleBuilder:
     logprobs: list[float] = field(default_factory=list)
     num_calls: int = 0
     exact: bool = True  # False: built from text, not from the engine's token ids
+    engine_logprobs: bool = True  # False: the engine reported none (placeholders; the trainer recomputes)
+    versions: list[int] | None = None  # per response token, once an engine reported versions
 
     def add_context(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
         self.loss_mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
+        if self.versions is not None:
+            self.versions += [-1] * len(token_ids)
 
-    def add_generated(self, token_ids: list[int], logprobs: list[float] | None) -> None:
+    def add_generated(self, token_ids: list[int], logprobs: list[float] | None,
+                      forced: list[bool] | None = None, versions: list[int] | None = None) -> None:
+        """`forced`: tokens a grammar allowed alone (not the model's choice): loss mask 0, kept as context.
+        `versions`: the policy version of each token (asynchronous training)."""
+        if versions is not None and self.versions is None:
+            self.versions = [-1] * len(self.response_ids)
+        if self.versions is not None:
+            self.versions += list(versions) if versions is not None else [-1] * len(token_ids)
         self.response_ids += token_ids
-        self.loss_mask += [1] * len(token_ids)
+        self.loss_mask += [0 if is_forced else 1 for is_forced in forced] if forced else [1] * len(token_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        self.engine_logprobs = self.engine_logprobs and logprobs is not None
         self.num_calls += 1
 
     @property
@@ -64,7 +80,8 @@ class SampleBuilder:
     def to_sample(self, trainable: bool) -> Sample:
         return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
                       loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=self.num_calls,
-                      trainable=trainable and self.exact)
+                      trainable=trainable and self.exact, engine_logprobs=self.engine_logprobs,
+                      policy_versions=list(self.versions) if self.versions is not None else None)
 
 
 @dataclass
@@ -98,37 +115,39 @@ class Timeline:
         self.breaks: Counter[str] = Counter()
         self.conversation: list[dict[str, Any]] = []
         self.in_flight = 0
+        self.calls = 0  # answered calls (rollout.max_turns bounds them)
         self._turn: _Turn | None = None
 
     def prompt_for(self, request: ChatRequest) -> Prompt:
         """The prompt ids for `request`: an extension of the current sample when possible."""
         reason = None if self._turn is None else self._break_reason(request)
         if self._turn is not None and reason is None:
-            prompt = self._extension(request)
+            prompt, reason = self._extension(request)
             if prompt is not None:
                 return prompt
-            reason = "template_unsupported"
         text = self.renderer.render(request.messages, request.tools, add_generation_prompt=True,
                                     template_kwargs=request.template_kwargs)
         return Prompt(self.renderer.encode(text), break_reason=reason)
 
-    def _extension(self, request: ChatRequest) -> Prompt | None:
+    def _extension(self, request: ChatRequest) -> tuple[Prompt | None, str | None]:
         turn, sample = self._turn, self.current
         assert turn is not None and sample is not None  # prompt_for calls this only after a call was recorded
         new_messages = request.messages[len(turn.messages) + 1:]
-        text = self.renderer.text_after_reply(turn.messages, turn.reply, new_messages, request.tools,
-                                              request.template_kwargs)
+        continuation = self.renderer.continuation(turn.messages, turn.reply, new_messages, request.tools,
+                                                  request.template_kwargs)
+        text = continuation.text
         if text is None:
-            return None
+            return None, continuation.problem
         if turn.stop_token is not None:  # the model already wrote the end of its turn itself
             stop_text = self.renderer.token_text(turn.stop_token)
             if text.startswith(stop_text):
                 text = text[len(stop_text):]
         context_ids = self.renderer.encode(text)
-        return Prompt(sample.context_ids + context_ids, sample, sample.length, context_ids)
+        return Prompt(sample.context_ids + context_ids, sample, sample.length, context_ids), None
 
     def record(self, request: ChatRequest, prompt: Prompt, token_ids: list[int], logprobs: list[float] | None,
-               reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True) -> None:
+               reply: dict[str, Any], *, exact: bool, stop_token: int | None, extendable: bool = True,
+               forced: list[bool] | None = None, versions: list[int] | None = None) -> None:
         """File a finished call: extend the current sample or start a new one.
 
         `exact`: the ids are the engine's; `extendable`: a later call may continue this one.
@@ -144,7 +163,8 @@ class Timeline:
             reason = prompt.break_reason or ("concurrent_call" if prompt.extends is not None else None)
             if reason:
                 self.breaks[reason] += 1
-        sample.add_generated(token_ids, logprobs)
+        sample.add_generated(token_ids, logprobs, forced, versions)
+        self.calls += 1
         self.conversation = [*request.messages, reply]
         self._turn = None
         if exact and extendable:

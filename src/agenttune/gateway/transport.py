@@ -38,8 +38,33 @@ _DRAINED = httpx.ByteStream(b"")  # a sync and an async stream at once, with not
 
 
 def _response(reply: Reply, request: httpx.Request) -> httpx.Response:
+    if reply.stream is not None:  # read as it is written, like chunked transfer over a socket
+        return _Response(reply.status, headers={"content-type": reply.content_type},
+                         stream=_EventStream(reply.stream), request=request)
     headers = {"content-type": reply.content_type, "content-length": str(len(reply.body))}
     return _Response(reply.status, headers=headers, stream=httpx.ByteStream(reply.body), request=request)
+
+
+class _EventStream(httpx.AsyncByteStream):
+    def __init__(self, events):
+        self.events = events
+
+    async def __aiter__(self):
+        async for chunk in self.events:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.events.aclose()  # a client that stops reading abandons the generation
+
+
+async def _whole(call) -> Reply:
+    """The reply with a stream read to its end, on the gateway's loop (for clients on other loops or threads)."""
+    from agenttune.gateway.server import Reply
+
+    reply = await call
+    if reply.stream is None:
+        return reply
+    return Reply(reply.status, await reply.read(), reply.content_type)
 
 
 class AsyncInProcessTransport(httpx.AsyncBaseTransport):
@@ -52,8 +77,8 @@ class AsyncInProcessTransport(httpx.AsyncBaseTransport):
         loop = self.gateway.loop
         if loop is None or loop is asyncio.get_running_loop():
             reply = await call
-        else:  # a workflow running its own loop (e.g. asyncio.run in a thread)
-            reply = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
+        else:  # a workflow running its own loop (e.g. asyncio.run in a thread): streams arrive whole
+            reply = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_whole(call), loop))
         return _response(reply, request)
 
 
@@ -74,6 +99,6 @@ class InProcessTransport(httpx.BaseTransport):
                                "block it forever. In async code use the async client "
                                "(tuner.as_async_openai_client()), or run sync code in a thread.")
         body = request.read()
-        future = asyncio.run_coroutine_threadsafe(
-            self.gateway.handle(request.method, request.url.path, request.headers, body), loop)
+        future = asyncio.run_coroutine_threadsafe(  # (a stream arrives whole: sync clients block anyway)
+            _whole(self.gateway.handle(request.method, request.url.path, request.headers, body)), loop)
         return _response(future.result(), request)

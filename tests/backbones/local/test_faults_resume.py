@@ -86,6 +86,17 @@ def steps_written(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
 
 
+def kill_after_step(victim: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """SIGKILL the run as soon as `step` is in its metrics (before the next checkpoint)."""
+    deadline = time.monotonic() + 240
+    while step not in steps_written(run_dir):
+        assert victim.poll() is None, f"the run ended before the crash: {victim.stderr.read()}"
+        assert time.monotonic() < deadline, f"step {step} never finished"
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+
+
 def checkpoints(run_dir: Path) -> list[str]:
     folder = run_dir / "checkpoints"
     return sorted(path.name for path in folder.iterdir()) if folder.exists() else []
@@ -112,14 +123,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     conf = write_project(root / "project")
     straight, crashed = root / "straight", root / "crashed"
     uninterrupted = train(conf, straight)
-    victim = train(conf, crashed)
-    deadline = time.monotonic() + 240
-    while 3 not in steps_written(crashed):
-        assert victim.poll() is None, f"the run ended before the crash: {victim.stderr.read()}"
-        assert time.monotonic() < deadline, "step 3 never finished"
-        time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
-    assert victim.wait(timeout=30) == -signal.SIGKILL
+    kill_after_step(train(conf, crashed), crashed, 3)
     at_crash = {"steps": steps_written(crashed), "checkpoints": checkpoints(crashed)}
     assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read()
     resumed = train(conf, crashed, "--resume")
@@ -127,6 +131,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {"straight": straight, "crashed": crashed, "at_crash": at_crash}
 
 
+@pytest.mark.slow
 def test_the_crash_came_between_checkpoints(runs):
     assert runs["at_crash"]["steps"] == [1, 2, 3]
     assert runs["at_crash"]["checkpoints"] == ["step_000002"]  # step 3 was trained but never saved

@@ -79,6 +79,7 @@ def weights(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(directory / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_a_run_writes_metrics_checkpoints_curves_and_rollouts(tmp_path):
     conf = write_run_files(tmp_path)
     run_dir = tmp_path / "run"
@@ -104,6 +105,7 @@ def test_a_run_writes_metrics_checkpoints_curves_and_rollouts(tmp_path):
     assert "step_000000_validation.jsonl" in rollout_files and "step_000004_train.jsonl" in rollout_files
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     """4 steps in one go == 2 steps, stop, `--resume`, 2 more (episodes run one at a time, so the
     engine's sampling order, and with the restored RNG its samples, are reproducible)."""
@@ -127,6 +129,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     assert rewards == [(r.get("reward/mean"), r.get("val/reward/mean")) for r in read_metrics(interrupted)]
 
 
+@pytest.mark.slow
 def test_export_round_trips_a_lora_run(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,6 +160,7 @@ def test_export_round_trips_a_lora_run(tmp_path):
     assert not torch.allclose(plain, exported(ids).logits), "the export lost the trained adapter"
 
 
+@pytest.mark.slow
 def test_export_and_report_commands(tmp_path, run_cli):
     conf = write_run_files(tmp_path)
     run_dir = tmp_path / "run"
@@ -181,3 +185,46 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, run_cli):
     result = run_cli("train", "--conf", conf, "--backbone", "local", "--run-dir", tmp_path / "new", "--resume")
     assert result.exit_code == 2
     assert "no checkpoint" in result.stderr and "--resume" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_engine_with_its_own_weights_sleeps_for_each_update_and_loads_the_new_weights_after(
+        tmp_path, register_plugin, monkeypatch):
+    """The loop's side of `vllm` colocation, with a real engine that records the two calls."""
+    import agenttune.backbones.local as local
+    from agenttune.engines.hf import HFEngine
+
+    events, versions = [], []
+
+    def fingerprint(model):
+        return sum(float(parameter.detach().double().sum()) for parameter in model.parameters())
+
+    class RecordingEngine(HFEngine):
+        name = "recording"
+
+        @classmethod
+        def from_config(cls, config, options, tokenizer, *, model=None):
+            engine = super().from_config(config, options, tokenizer, model=model)
+            engine.trained = model
+            return engine
+
+        async def release_memory(self):
+            events.append(("release", fingerprint(self.trained)))
+
+        async def sync_weights(self, model, version=0):
+            assert model is self.trained
+            events.append(("sync", fingerprint(model)))
+            versions.append(version)
+
+    register_plugin(engines=[RecordingEngine])
+    monkeypatch.setattr(local, "SUPPORTED_ENGINES", (*local.SUPPORTED_ENGINES, "recording"))
+    conf = write_run_files(tmp_path, trainer__total_steps=2, trainer__test_freq=0, trainer__save_freq=0,
+                           trainer__val_before_train=False)
+    train(conf, tmp_path / "run", "engine.type=recording")
+    # The first sync sets the starting version (an engine with updates_weights records versions per token).
+    assert [kind for kind, _ in events] == ["sync", "release", "sync", "release", "sync"] and versions == [0, 1, 2]
+    assert events[0][1] == events[1][1]
+    updated = [events[i][1] != events[i + 1][1] for i in (1, 3)]  # the optimizer step ran in between
+    trained = [record["train/samples"] > 0 for record in read_metrics(tmp_path / "run")]
+    assert updated == trained and any(trained), "no step trained: the update went unobserved"
+    assert events[2][1] == events[3][1]  # nothing changes the weights between an update and the next rollout

@@ -106,14 +106,19 @@ def test_items_keep_the_mask_aligned_and_micro_batches_respect_the_budget():
         assert len(batch) == 1 or len(batch) * max(len(i) for i in batch) <= budget
 
 
-def test_long_samples_are_cut_or_dropped_and_counted():
+def test_long_samples_are_split_or_dropped_and_counted_never_cut():
     long_prompt = Sample(prompt_ids=[5] * 50, response_ids=[6, 7], loss_mask=[1, 1], logprobs=[-1.0, -1.0])
-    long_response = Sample(prompt_ids=[5], response_ids=[6] * 30, loss_mask=[1] * 30, logprobs=[-1.0] * 30)
-    episodes = [episode("g", 0, 1.0, [long_prompt, long_response]), episode("g", 1, 0.0)]
+    one_long_call = Sample(prompt_ids=[5], response_ids=[6] * 30, loss_mask=[1] * 30, logprobs=[-1.0] * 30)
+    two_calls = Sample(prompt_ids=[5], response_ids=[6] * 6 + [9] + [7] * 6, loss_mask=[1] * 6 + [0] + [1] * 6,
+                       logprobs=[-1.0] * 13)
+    episodes = [episode("g", 0, 1.0, [long_prompt, one_long_call, two_calls]), episode("g", 1, 0.0)]
     items, stats = build_items(episodes, group_advantages(episodes).by_episode,
                                max_prompt_length=10, max_response_length=8)
-    assert stats.too_long_prompt == 1 and stats.truncated_response == 1
-    assert len(items) == 1 and len(items[0]) == 1 + 8
+    assert stats.too_long_prompt == 1 and stats.split == 3
+    assert stats.dropped_calls == {"prompt_too_long": 1, "call_too_long": 1}
+    # the two-call sample became two items, the second with the first call as its prompt
+    assert [item.input_ids for item in items] == [[5] + [6] * 6, [5] + [6] * 6 + [9] + [7] * 6]
+    assert [sum(item.loss_mask) for item in items] == [6, 6]
 
 
 # -- the trainer on a real (tiny) transformers model ---------------------------------------------------
@@ -222,6 +227,7 @@ def test_gradient_accumulation_matches_one_big_batch(mode):
         torch.testing.assert_close(small[name], big[name], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_four_steps_equal_two_steps_a_checkpoint_and_two_more(tmp_path):
     from agenttune.backbones.local.checkpoint import (
         CheckpointState,
@@ -286,3 +292,24 @@ def test_gradient_checkpointing_gives_the_same_update():
         results.append(parameters(trainer.model))
     for name in results[0]:
         torch.testing.assert_close(results[1][name], results[0][name], rtol=0, atol=1e-5)
+
+
+def test_a_merged_sample_over_the_limits_is_split_at_call_boundaries():
+    """Each part keeps its full prompt; a call that fits in no part is dropped and counted (issue 24)."""
+    from agenttune.episode import fit_to_limits
+
+    merged = Sample(prompt_ids=[1, 2, 3], response_ids=[10, 11, 90, 91, 12, 13, 14, 92, 15],
+                    loss_mask=[1, 1, 0, 0, 1, 1, 1, 0, 1], logprobs=[-1.0] * 9, num_calls=3)
+    assert fit_to_limits(merged, 100, 100).parts == [merged]  # fits: untouched
+    fitted = fit_to_limits(merged, 100, 5)
+    assert fitted.split and fitted.dropped_calls == 0
+    assert [(p.prompt_ids, p.response_ids, p.loss_mask) for p in fitted.parts] == [
+        ([1, 2, 3], [10, 11], [1, 1]),
+        ([1, 2, 3, 10, 11, 90, 91], [12, 13, 14, 92, 15], [1, 1, 1, 0, 1])]
+    assert sum(p.num_calls for p in fitted.parts) == 3
+    # the second part's prompt (7 tokens) is over a 6-token prompt limit: its calls are dropped
+    fitted = fit_to_limits(merged, 6, 5)
+    assert [p.response_ids for p in fitted.parts] == [[10, 11]]
+    assert fitted.dropped_calls == 2 and fitted.reason == "prompt_too_long"
+    # a first prompt over the limit: nothing fits
+    assert fit_to_limits(merged, 2, 100).parts == [] and fit_to_limits(merged, 2, 100).dropped_calls == 3

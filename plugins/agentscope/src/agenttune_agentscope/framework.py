@@ -56,8 +56,20 @@ class AgentScopeFramework(AgentFramework):
         from agenttune_agentscope import v2
 
         kwargs.setdefault("model", tuner.model_name)
-        kwargs.setdefault("context_size", options.context_size or tuner.config.model.max_model_len)
+        kwargs.setdefault("context_size", options.context_size or compression_context_size(tuner.config))
         return v2.build_model(tuner, **common, options=options, **kwargs)
+
+
+# Tokens the agent's own count does not see (the chat template's glue, the tools' rendering).
+CONTEXT_MARGIN = 64
+
+
+def compression_context_size(config: Any) -> int:
+    """AgentScope 2.x compresses its memory at `trigger_ratio` x `context_size` tokens. The gateway refuses a
+    call once prompt + the reply's budget pass model.max_model_len, so the context size leaves room for the
+    reply (and a margin): the agent compresses before the gateway has to refuse."""
+    model_len, reply = config.model.max_model_len, config.rollout.max_response_length_in_one_turn
+    return max(model_len - reply - CONTEXT_MARGIN, 1)
 
 
 def _options(tuner: ModelTuner) -> AgentScopeOptions:

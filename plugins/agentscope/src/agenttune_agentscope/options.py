@@ -37,5 +37,7 @@ class AgentScopeOptions(BaseModel):
         "prompts. Off for RL: it makes prompts differ between otherwise identical episodes.",
     )
     context_size: int | None = Field(
-        default=None, gt=0, description="AgentScope 2.x model context size; none: model.max_model_len."
+        default=None, gt=0, description="AgentScope 2.x model context size (its memory compresses at trigger_ratio "
+                                        "x this); none: model.max_model_len - rollout.max_response_length_in_one_turn "
+                                        "- 64, so it compresses before the gateway refuses a call."
     )

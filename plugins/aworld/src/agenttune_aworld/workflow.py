@@ -40,10 +40,21 @@ async def run_agent(aworld_agent: Any, task_input: str, tuner: ModelTuner | None
     response = await Runners.run(input=task_input, agent=aworld_agent)
     if response is None:
         raise AgentRunError("Runners.run returned no response")
-    if not response.success and not (tuner is not None and tuner.context_overflow):
-        raise AgentRunError(f"the AWorld task failed: {response.msg or response.status}")
+    if not response.success:
+        # After a context overflow or the turn limit too: the episode then ends with status
+        # context_overflow / turn_limit (its samples kept, judged or given the configured reward), as
+        # when AgentScope raises it.
+        raise AgentRunError(f"the AWorld task failed{_limit_reached(tuner)}: {response.msg or response.status}")
     answer = response.answer
     return answer if isinstance(answer, str) else ("" if answer is None else str(answer))
+
+
+def _limit_reached(tuner: Any) -> str:
+    if tuner is not None and tuner.context_overflow:
+        return " (the conversation outgrew model.max_model_len)"
+    if tuner is not None and getattr(tuner, "turn_limit", False):
+        return " (the agent used all rollout.max_turns model calls)"
+    return ""
 
 
 class AgentWorkflow(Workflow):

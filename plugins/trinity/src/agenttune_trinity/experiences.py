@@ -7,6 +7,10 @@ logprobs aligned with it, and the episode's reward. The Experiences of one episo
 (`eid.run`) and are numbered by `eid.step`, which is how Trinity's multi-step GRPO groups them: the
 run's reward is compared within the task's group and its advantage goes to every sample of the run.
 
+A sample longer than `data.max_prompt_length` / `data.max_response_length` is split at call
+boundaries (agenttune's `fit_to_limits`, as the local and verl backbones do), each part with its own
+full prompt; calls that fit in no part are dropped and counted (`truncation/...` on the episode).
+
 Failed episodes (crashed, timed out, judge failed) give no Experience: like the local backbone, an
 engine crash says nothing about the policy. An episode that ended normally but has no trainable
 sample (its agents are not trained, or it never called the model) still gives one Experience with
@@ -18,20 +22,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agenttune.plugin_api import Episode, Sample, step_metrics
+from agenttune.plugin_api import Episode, Sample, fit_all, record_fitting, step_metrics
 
 
-def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int) -> list[Any]:
-    """The Trinity Experiences of one episode, in timeline order ([] when it failed)."""
+def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,
+                        limits: tuple[int, int] | None = None) -> list[Any]:
+    """The Trinity Experiences of one episode, in timeline order ([] when it failed).
+
+    `limits`: (max prompt, max response) tokens; longer samples are split at call boundaries.
+    """
     if episode.status.failed:
         return []
     samples = [sample for sample in episode.trainable_samples if sample.response_ids]
+    if limits is not None:
+        fitted = fit_all(samples, *limits)
+        record_fitting(episode, fitted, f"data.max_prompt_length={limits[0]} / data.max_response_length={limits[1]}")
+        samples = fitted.parts
     if not samples:
         samples = [_placeholder(episode, pad_token_id)]
     return [_experience(episode, sample, run_id=run_id, step=step) for step, sample in enumerate(samples)]
 
 
-def group_experiences(episodes: Sequence[Episode], *, run_id_base: int, pad_token_id: int) -> list[Any]:
+def group_experiences(episodes: Sequence[Episode], *, run_id_base: int, pad_token_id: int,
+                      limits: tuple[int, int] | None = None) -> list[Any]:
     """The Experiences of one task's group of episodes, with the group's step metrics on the last one.
 
     Trinity averages the metrics it finds on Experiences over a step's tasks, so the names are
@@ -41,7 +54,7 @@ def group_experiences(episodes: Sequence[Episode], *, run_id_base: int, pad_toke
         experience
         for episode in episodes
         for experience in episode_experiences(episode, run_id=run_id_base + episode.repeat_index,
-                                              pad_token_id=pad_token_id)
+                                              pad_token_id=pad_token_id, limits=limits)
     ]
     if experiences:
         experiences[-1].metrics = step_metrics(episodes)

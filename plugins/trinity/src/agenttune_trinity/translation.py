@@ -189,6 +189,47 @@ def grpo_algorithm(config: AgentTuneConfig) -> str:
     return "multi_step_grpo"
 
 
+# -- asynchronous training (trainer.mode, trainer.max_staleness) -------------------------------------
+def sync_style(config: AgentTuneConfig) -> str:
+    """sync and one_step_off: Trinity's `fixed` schedule (one_step_off with `sync_offset: 1`); async:
+    `fully_async` — the explorer rolls out continuously and pulls new weights after every step."""
+    if config.trainer.mode != "async":
+        return "fixed"
+    if validates(config):
+        raise UserError(
+            "trainer.mode = 'async' cannot validate with the trinity backbone: Trinity-RFT 0.6's fully "
+            "asynchronous schedule (synchronizer.sync_style: fully_async) refuses evaluation tasksets, and "
+            "task_reader.validation_split with trainer.test_freq or trainer.val_before_train asks for them.",
+            hint="Use trainer.mode=one_step_off (Trinity's sync_offset 1, which validates), or turn validation "
+                 "off (trainer.test_freq=0, trainer.val_before_train=false) for the asynchronous run.")
+    return "fully_async"
+
+
+def sync_offset(config: AgentTuneConfig) -> int:
+    # The explorer runs this many steps ahead of the weights it samples from: one-step off-policy.
+    return 1 if config.trainer.mode == "one_step_off" else 0
+
+
+def staleness_strategy(config: AgentTuneConfig) -> str | None:
+    """async: Trinity's `staleness_control` sampler keeps experiences whose model version lags the
+    weights being trained by at most `max_staleness` (older ones are skipped). The fixed schedules
+    bound staleness by construction (their explorer waits for the sync), so Trinity's default stays:
+    a filter there could starve a trainer whose explorer is waiting for it."""
+    return "staleness_control" if config.trainer.mode == "async" else None
+
+
+def max_staleness(config: AgentTuneConfig) -> int | None:
+    # Trinity keeps experiences of model version >= step - max_staleness - 1 when training step `step`
+    # (1-based): the version being trained minus the experience's is at most max_staleness, as in agenttune.
+    return config.trainer.max_staleness if config.trainer.mode == "async" else None
+
+
+def inflight_batches(config: AgentTuneConfig) -> int | None:
+    """async: batches rolling out at once, the one being trained plus `max_staleness` ahead (agenttune's
+    admission rule). Trinity reads it only in the fully_async style."""
+    return config.trainer.max_staleness + 1 if config.trainer.mode == "async" else None
+
+
 def _t(trinity_key: str, source: str, value: Value) -> Translation:
     return Translation(trinity_key, source, value)
 
@@ -273,10 +314,17 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("trainer.save_hf_checkpoint", "(last: the final model as a Hugging Face checkpoint)", lambda c, p: "last"),
     _t("trainer.grad_clip", "trainer.grad_clip", lambda c, p: c.trainer.grad_clip),
     _t("trainer.total_steps", "trainer.total_steps", lambda c, p: c.trainer.total_steps),
-    # synchronizer: on-policy, weights go to the rollout engines after every step
+    # synchronizer: weights go to the rollout engines after every step; trainer.mode picks the schedule
     _t("synchronizer.sync_method", "(nccl; colocate: memory, chosen by Trinity)", lambda c, p: "nccl"),
-    _t("synchronizer.sync_style", "(fixed)", lambda c, p: "fixed"),
+    _t("synchronizer.sync_style", "trainer.mode (sync, one_step_off: fixed; async: fully_async)",
+       lambda c, p: sync_style(c)),
     _t("synchronizer.sync_interval", "(1: every step, as the local backbone)", lambda c, p: 1),
+    _t("synchronizer.sync_offset", "trainer.mode (one_step_off: 1, else 0)", lambda c, p: sync_offset(c)),
+    _t("explorer.max_inflight_batches", "trainer.max_staleness + 1 (async only)", lambda c, p: inflight_batches(c)),
+    _t("algorithm.sample_strategy", "trainer.mode (async: staleness_control; else Trinity's default)",
+       lambda c, p: staleness_strategy(c)),
+    _t("algorithm.sample_strategy_args.max_staleness", "trainer.max_staleness (async only)",
+       lambda c, p: max_staleness(c)),
     # monitor: Trinity's metrics also go to <run_dir>/metrics.jsonl
     _t("monitor.monitor_type", "(agenttune's monitor: metrics.jsonl, then the one below)", lambda c, p: MONITOR_TYPE),
     _t("monitor.monitor_args.metrics_file", "the run directory (<run_dir>/metrics.jsonl)", lambda c, p: p.metrics_file),

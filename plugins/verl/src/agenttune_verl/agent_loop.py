@@ -56,7 +56,8 @@ class AgentTuneAgentLoop(AgentLoopBase):
         limits = Limits(self.rollout_config.prompt_length, self.rollout_config.response_length)
         outputs = await runtime.run_row(sampling_params, kwargs, limits=limits,
                                         keep_all_samples=bool(self.config.trainer.get("use_v1", True)))
-        return outputs if len(outputs) > 1 else outputs[0]
+        # [] (a dropped failed episode): verl's V1 worker stores nothing for this session
+        return outputs if len(outputs) != 1 else outputs[0]
 
 
 class WorkerRuntime:
@@ -121,9 +122,15 @@ class WorkerRuntime:
         stats = self.engine.stats(episode.episode_id)
         self.engine.forget(episode.episode_id)
         step = int(row.get("global_steps", 0))
+        split = str(extra_info.get("split", "train"))
+        # Only the V1 trainer takes an empty answer; validation must count every failure against accuracy.
+        can_drop = keep_all_samples and split == "train"
         outputs = episode_outputs(episode, limits, stats=stats, task_prompt=lambda: self._prompt_ids(row),
-                                  pad_token_id=self._pad_token_id(), keep_all_samples=keep_all_samples, step=step)
-        self._log(episode, step=step, split=str(extra_info.get("split", "train")))
+                                  pad_token_id=self._pad_token_id(), keep_all_samples=keep_all_samples, step=step,
+                                  can_drop=can_drop)
+        if not outputs:
+            log.info("failed episode dropped from training", episode=episode.episode_id, status=episode.status.value)
+        self._log(episode, step=step, split=split)
         return outputs
 
     def sampling(self, verl_sampling: dict[str, Any]) -> SamplingParams:

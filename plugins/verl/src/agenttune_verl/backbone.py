@@ -23,6 +23,10 @@ class VerlBackbone(Backbone):
         problems = config_problems(config)
         if problems:
             raise problems[0]
+        from agenttune_verl.verl_config import build_verl_config
+
+        # before any file is written: typos in the verl: section, modes the resulting trainer cannot run
+        build_verl_config(config, VerlPaths.placeholder(config))
 
     @classmethod
     def native_config(cls, config: AgentTuneConfig) -> dict[str, Any]:

@@ -69,9 +69,8 @@ class VerlEngine(InferenceEngine):
             request_id=request_id, prompt_ids=list(prompt_ids), sampling_params=self.sampling_params(sampling)
         )
         self._remember(request_id, output, time.perf_counter() - started)
-        logprobs = list(output.log_probs) if output.log_probs else None
-        if logprobs is not None and len(logprobs) != len(output.token_ids):
-            logprobs = None  # misaligned logprobs would be attributed to the wrong tokens
+        # As verl sent them: the gateway refuses missing or misaligned logprobs (they would be trained wrong).
+        logprobs = list(output.log_probs) if output.log_probs is not None else None
         finish = _FINISH_REASONS.get(output.stop_reason, "stop")
         return Generation(token_ids=list(output.token_ids), logprobs=logprobs, finish_reason=finish,
                           metadata={"stop_reason": output.stop_reason})

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.plugin_api import Episode, MetricsLog, RolloutLog, get_logger, read_records, step_metrics
+from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
 
 log = get_logger("verl.metrics")
 
 TRUNCATION_PREFIX = "truncation/"
+FAILED_EPISODES_SKIPPED = "train/failed_episodes_skipped"
 VALIDATION = "validation"
 
 
@@ -33,7 +35,14 @@ def bridge_step(verl_line: dict[str, Any], rollout_log: RolloutLog) -> tuple[int
         if episodes:
             metrics.update(step_metrics(episodes, prefix=prefix))
             metrics.update(truncation_metrics(episodes, prefix=prefix))
+            if split == "train":
+                metrics[FAILED_EPISODES_SKIPPED] = failed_episodes_dropped(episodes)
     return step, metrics
+
+
+def failed_episodes_dropped(episodes: list[Episode]) -> float:
+    """How many failed episodes the agent loops left out of training (the local backbone's metric name)."""
+    return sum(episode.metrics.get(FAILED_EPISODE_DROPPED, 0.0) for episode in episodes)
 
 
 def truncation_metrics(episodes: list[Episode], *, prefix: str = "") -> dict[str, float]:

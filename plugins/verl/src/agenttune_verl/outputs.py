@@ -2,13 +2,22 @@
 
 Each trainable sample of the episode (one when its calls merged into one timeline) becomes one
 output: prompt ids, response ids with the loss mask as `response_mask` (1 exactly on generated
-tokens), the sampling logprobs, and the episode's reward. Lengths are cut to verl's limits the way
-verl's own agent loops cut them (prompts keep their end, responses their start), and every cut is
-counted in the episode's metrics (`truncation/...`).
+tokens), the sampling logprobs, and the episode's reward. A sample longer than verl's limits is
+split at call boundaries into several outputs, each with its own full prompt (agenttune's
+`fit_to_limits`, as the local backbone does); nothing is cut inside a call, and calls that fit in no
+output are dropped and counted in the episode's metrics (`truncation/...`).
 
-An episode with no trainable sample (it failed before its first call, or its agents are not trained)
-still answers with one output whose mask is all zero: its reward then counts in its GRPO group's
-baseline, and no token is trained.
+A failed episode (its status is a failure: workflow error, timeout, judge or engine error,
+cancelled) is dropped from training and counted, the rule the local backbone follows: in a training
+row under verl's V1 trainer it answers with no output at all, so none of its tokens is trained and
+its reward is in no GRPO group's mean or std (`verl/failed_episode_dropped` on the episode,
+`train/failed_episodes_skipped` per step). Where verl needs an answer for every episode — validation
+rows, whose failures must count against accuracy, and the legacy trainer, which takes exactly one
+output per episode — it answers with the placeholder below instead, never with its own tokens.
+
+An episode with no trainable sample (a failure where it cannot be dropped, or an episode whose
+agents are not trained) answers with one placeholder output whose mask is all zero: its reward
+then counts in its GRPO group's baseline, and no token is trained.
 """
 
 from __future__ import annotations
@@ -17,8 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.plugin_api import Episode, Sample
+from agenttune.plugin_api import Episode, Sample, fit_all, record_fitting
 from agenttune_verl.engine import RequestStats
+
+# Per episode in the rollout log; the metrics bridge sums it per step as `train/failed_episodes_skipped`.
+FAILED_EPISODE_DROPPED = "verl/failed_episode_dropped"
 
 
 @dataclass(frozen=True)
@@ -33,23 +45,14 @@ class Cut:
     response_ids: list[int]
     response_mask: list[int]
     logprobs: list[float]
-    prompt_tokens_cut: int
-    response_tokens_cut: int
-    trained_tokens_cut: int
 
 
-def cut_to_limits(sample: Sample, limits: Limits) -> Cut:
-    prompt_cut = max(0, len(sample.prompt_ids) - limits.prompt_length)
-    keep = limits.response_length
-    return Cut(
-        prompt_ids=sample.prompt_ids[prompt_cut:],
-        response_ids=sample.response_ids[:keep],
-        response_mask=sample.loss_mask[:keep],
-        logprobs=sample.logprobs[:keep],
-        prompt_tokens_cut=prompt_cut,
-        response_tokens_cut=max(0, len(sample.response_ids) - keep),
-        trained_tokens_cut=sum(sample.loss_mask[keep:]),
-    )
+def fit_outputs(samples: list[Sample], limits: Limits, episode: Episode) -> list[Cut]:
+    """The samples as outputs within verl's limits; what had to be split or dropped is counted on the episode."""
+    fitted = fit_all(samples, limits.prompt_length, limits.response_length)
+    record_fitting(episode, fitted, f"data.max_prompt_length={limits.prompt_length} / "
+                                    f"data.max_response_length={limits.response_length}")
+    return [Cut(part.prompt_ids, part.response_ids, part.loss_mask, part.logprobs) for part in fitted.parts]
 
 
 def episode_outputs(
@@ -61,6 +64,7 @@ def episode_outputs(
     pad_token_id: int,
     keep_all_samples: bool,
     step: int,
+    can_drop: bool = False,
 ) -> list[Any]:
     """The episode's `AgentLoopOutput`s, in timeline order; also records truncation metrics on it.
 
@@ -68,17 +72,21 @@ def episode_outputs(
     episode's last sample is then trained and the others are counted as dropped. `step`: the
     training step the row was fed at, the model version when verl reported none. `task_prompt()`
     gives the row's prompt ids, the context of the placeholder output of an episode with no sample.
+    `can_drop`: verl accepts no output for this episode (a training row under the V1 trainer); a
+    failed episode then gives none (and is counted), otherwise the placeholder.
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-    samples = episode.trainable_samples
-    if not keep_all_samples and len(samples) > 1:
-        episode.metrics["verl/dropped_samples"] = float(len(samples) - 1)
-        samples = samples[-1:]
-    cuts = [cut_to_limits(sample, limits) for sample in samples if sample.response_ids]
+    if episode.status.failed and can_drop:
+        episode.metrics[FAILED_EPISODE_DROPPED] = 1.0
+        return []
+    trained = [] if episode.status.failed else episode.trainable_samples  # a failure never trains its tokens
+    cuts = fit_outputs([sample for sample in trained if sample.response_ids], limits, episode)
+    if not keep_all_samples and len(cuts) > 1:  # the legacy trainer: the last part holds the final answer
+        episode.metrics["verl/dropped_samples"] = float(len(cuts) - 1)
+        cuts = cuts[-1:]
     if not cuts:
         cuts = [_placeholder(task_prompt(), pad_token_id, limits)]
-    _record_truncation(episode, cuts)
 
     metrics = AgentLoopMetrics(
         generate_sequences=stats.generate_s,
@@ -105,15 +113,7 @@ def episode_outputs(
 def _placeholder(prompt_ids: list[int], pad_token_id: int, limits: Limits) -> Cut:
     """One untrained token after the task's prompt: verl needs a non-empty response to hold the reward."""
     prompt = prompt_ids[-limits.prompt_length:] if prompt_ids else [pad_token_id]
-    return Cut(prompt, [pad_token_id], [0], [0.0], 0, 0, 0)
-
-
-def _record_truncation(episode: Episode, cuts: list[Cut]) -> None:
-    episode.metrics["truncation/prompt_tokens"] = float(sum(cut.prompt_tokens_cut for cut in cuts))
-    episode.metrics["truncation/response_tokens"] = float(sum(cut.response_tokens_cut for cut in cuts))
-    episode.metrics["truncation/trained_tokens"] = float(sum(cut.trained_tokens_cut for cut in cuts))
-    episode.metrics["truncation/samples"] = float(
-        sum(1 for cut in cuts if cut.prompt_tokens_cut or cut.response_tokens_cut))
+    return Cut(prompt, [pad_token_id], [0], [0.0])
 
 
 def _extra_fields(episode: Episode, stats: RequestStats, step: int) -> dict[str, Any]:

@@ -84,6 +84,28 @@ def _rollout_dtype(config: AgentTuneConfig) -> str:
     return "bfloat16" if config.model.dtype == "auto" else config.model.dtype
 
 
+# agenttune's trainer.mode -> verl 0.9.1's V1 trainer mode (`trainer.v1.trainer_mode`, read by
+# `verl.trainer.main_ppo`, the entry point agenttune launches). colocate_async keeps rollout and
+# training on the same GPUs, continues unfinished episodes after each weight update (partial
+# rollouts) and trains the first complete groups: agenttune's asynchronous schedule. verl's
+# separate_async (its own rollout GPUs) is one `verl:` override away (see the README).
+VERL_TRAINER_MODES = {"sync": "sync", "one_step_off": "colocate_async", "async": "colocate_async"}
+
+
+def _off_policy_threshold(config: AgentTuneConfig) -> int | None:
+    """verl bounds how many model versions a group may *span* (the step it was fed at through the step
+    that trains it, both counted); agenttune bounds how many versions a token may *lag*: span = lag + 1.
+    None (synchronous): verl's version control off, as its sync sampler ignores it anyway."""
+    bound = config.trainer.staleness_bound
+    return None if bound is None else bound + 1
+
+
+def _warmup_batches(config: AgentTuneConfig) -> int:
+    """Batches fed before the first step: the async window, as agenttune's admission rule (rollouts run
+    at most `max_staleness` batches ahead of training). Synchronous: none."""
+    return config.trainer.staleness_bound or 0
+
+
 def _t(verl_key: str, source: str, value: Value) -> Translation:
     """One row: the verl key, where its value comes from (for people), how to compute it."""
     return Translation(verl_key, source, value)
@@ -106,6 +128,11 @@ TRANSLATIONS: tuple[Translation, ...] = (
        lambda c, p: c.algorithm.clip_ratio_high),
     _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode",
        lambda c, p: c.algorithm.loss_agg_mode),
+    # rollout correction: the same option names on both sides (agenttune took verl's)
+    *(_t(f"algorithm.rollout_correction.{name}", f"algorithm.rollout_correction.{name}",
+         lambda c, p, name=name: getattr(c.algorithm.rollout_correction, name))
+      for name in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                   "rollout_rs_threshold", "bypass_mode", "loss_type")),
     # model
     _t("actor_rollout_ref.model.path", "model.path", lambda c, p: c.model.path),
     _t("actor_rollout_ref.model.tokenizer_path", "model.tokenizer", lambda c, p: c.model.tokenizer),
@@ -175,6 +202,20 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("trainer.logger", "monitor.tensorboard / wandb / swanlab (+ console, file)", lambda c, p: _loggers(c)),
     _t("trainer.default_local_dir", "(<run_dir>/checkpoints)", lambda c, p: p.checkpoints),
     _t("trainer.use_v1", "(always true: split timelines need the V1 trainer)", lambda c, p: True),
+    # asynchronous training: verl's V1 trainer modes, in the same entry point (verl.trainer.main_ppo)
+    _t("trainer.v1.trainer_mode", "trainer.mode (sync: sync; one_step_off, async: colocate_async)",
+       lambda c, p: VERL_TRAINER_MODES[c.trainer.mode]),
+    _t("trainer.v1.sampler.max_off_policy_threshold",
+       "trainer.max_staleness + 1 (one_step_off: 2; sync: null)", lambda c, p: _off_policy_threshold(c)),
+    _t("trainer.v1.sampler.max_off_policy_strategy", "(always drop: stale groups are dropped and counted)",
+       lambda c, p: "drop"),
+    _t("trainer.v1.colocate_async.num_warmup_batches", "trainer.max_staleness (one_step_off: 1; sync: 0)",
+       lambda c, p: _warmup_batches(c)),
+    _t("trainer.v1.separate_async.num_warmup_batches", "trainer.max_staleness (one_step_off: 1; sync: 0)",
+       lambda c, p: _warmup_batches(c)),
+    # verl asserts train_batch_size == parameter_sync_step x ppo_mini_batch_size (= train_batch_size here)
+    _t("trainer.v1.separate_async.parameter_sync_step", "(always 1: weights reach the rollout after every step)",
+       lambda c, p: 1),
 )
 
 

@@ -42,7 +42,22 @@ def build_verl_config(config: AgentTuneConfig, paths: VerlPaths) -> Any:
         # struct mode: raises if verl 0.9.1 has no such key (a bug in our table, not a user error)
         OmegaConf.update(verl_config, key, value, merge=False)
     apply_passthrough(verl_config, config.verl)
+    check_async_support(config, verl_config)
     return verl_config
+
+
+def check_async_support(config: AgentTuneConfig, verl_config: Any) -> None:
+    """Asynchronous modes need verl's V1 trainer: its legacy trainer would silently run synchronously."""
+    if config.trainer.mode == "sync" or verl_config.trainer.use_v1:
+        return
+    raise UserError(
+        f"trainer.mode={config.trainer.mode!r} cannot run on verl's legacy trainer (verl.trainer.use_v1 = false "
+        "in the verl: section): in verl 0.9.1 only the V1 trainer has asynchronous modes "
+        "(trainer.v1.trainer_mode colocate_async / separate_async, in verl.trainer.main_ppo); the legacy "
+        "trainer would roll out and train synchronously. verl's experimental one_step_off_policy and "
+        "fully_async_policy entry points are legacy trainers that agenttune does not launch.",
+        hint="Remove `trainer.use_v1: false` from the verl: section (the V1 trainer is verl's default), or "
+             "set trainer.mode=sync to keep the legacy trainer.")
 
 
 def apply_passthrough(verl_config: Any, passthrough: dict[str, Any]) -> None:

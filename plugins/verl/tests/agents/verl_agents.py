@@ -26,6 +26,18 @@ class CrashingWorkflow(Workflow):
         raise RuntimeError("the environment is down")
 
 
+class FirstRepeatCrashesAfterAnswering(Workflow):
+    """Answers with one model call; the group's first episode (repeat 0) then crashes, with tokens generated."""
+
+    async def execute(self, task, tuner):
+        client = tuner.as_async_openai_client()
+        reply = await client.chat.completions.create(
+            model=tuner.model_name, messages=[{"role": "user", "content": task.query}])
+        if tuner.episode_id.endswith("-0"):
+            raise RuntimeError("the tool server went away after the answer")
+        return WorkflowOutput(metadata={"final_answer": reply.choices[0].message.content})
+
+
 class AnswerJudge(Judge):
     name = "test_answer"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agenttune.episode import Episode
+from agenttune.episode import Episode, fit_to_limits
 
 
 @dataclass
@@ -16,6 +16,7 @@ class TrainItem:
     loss_mask: list[int]  # 0 on the prompt and on inserted context, 1 on generated tokens
     sample_logprobs: list[float]  # the engine's sampling logprobs, aligned with input_ids
     advantage: float
+    engine_logprobs: bool = True  # False: the engine reported none; the trainer uses its own
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -29,9 +30,11 @@ class TrainItem:
 class ItemStats:
     samples: int = 0
     not_trainable: int = 0
-    too_long_prompt: int = 0
-    truncated_response: int = 0
+    too_long_prompt: int = 0  # samples whose first prompt alone is over the limit: dropped whole
+    split: int = 0  # samples longer than the limits, cut at call boundaries into parts that fit
+    dropped_calls: dict[str, int] = field(default_factory=dict)  # calls in no part, by reason
     no_trained_tokens: int = 0
+    logprobs_recomputed: int = 0  # samples from an engine that reports no logprobs
     response_lengths: list[int] = field(default_factory=list)
 
 
@@ -42,10 +45,11 @@ def build_items(
     max_prompt_length: int,
     max_response_length: int,
 ) -> tuple[list[TrainItem], ItemStats]:
-    """Every trainable sample of every episode that has an advantage, cut to the configured lengths.
+    """Every trainable sample of every episode that has an advantage, made to fit the configured lengths.
 
-    Episodes without an advantage (zero-variance groups, failures) contribute nothing. A sample whose
-    first prompt is longer than `max_prompt_length` is dropped; a longer response is cut (and counted).
+    Episodes without an advantage (zero-variance groups, failures) contribute nothing. A sample longer
+    than the limits is split at call boundaries (`fit_to_limits`: each part keeps its full prompt);
+    calls that fit in no part are dropped and counted by reason. Nothing is cut inside a call.
     """
     items: list[TrainItem] = []
     stats = ItemStats()
@@ -58,24 +62,26 @@ def build_items(
             if not sample.trainable:
                 stats.not_trainable += 1
                 continue
-            if len(sample.prompt_ids) > max_prompt_length:
-                stats.too_long_prompt += 1
-                continue
-            response = sample.response_ids[:max_response_length]
-            if len(response) < len(sample.response_ids):
-                stats.truncated_response += 1
-            mask = sample.loss_mask[: len(response)]
-            if not any(mask):
-                stats.no_trained_tokens += 1
-                continue
-            stats.response_lengths.append(len(response))
-            prompt_len = len(sample.prompt_ids)
-            items.append(TrainItem(
-                input_ids=[*sample.prompt_ids, *response],
-                loss_mask=[0] * prompt_len + list(mask),
-                sample_logprobs=[0.0] * prompt_len + list(sample.logprobs[: len(response)]),
-                advantage=advantage,
-            ))
+            fitted = fit_to_limits(sample, max_prompt_length, max_response_length)
+            stats.split += fitted.split
+            if fitted.reason is not None:
+                stats.dropped_calls[fitted.reason] = stats.dropped_calls.get(fitted.reason, 0) + fitted.dropped_calls
+                if not fitted.parts and fitted.reason == "prompt_too_long":
+                    stats.too_long_prompt += 1
+            stats.logprobs_recomputed += not sample.engine_logprobs
+            for part in fitted.parts:
+                if not any(part.loss_mask):
+                    stats.no_trained_tokens += 1
+                    continue
+                stats.response_lengths.append(len(part.response_ids))
+                prompt_len = len(part.prompt_ids)
+                items.append(TrainItem(
+                    input_ids=[*part.prompt_ids, *part.response_ids],
+                    loss_mask=[0] * prompt_len + list(part.loss_mask),
+                    sample_logprobs=[0.0] * prompt_len + list(part.logprobs),
+                    advantage=advantage,
+                    engine_logprobs=part.engine_logprobs,
+                ))
     return items, stats
 
 

@@ -19,6 +19,15 @@ class Batch:
     mask: torch.Tensor  # [rows, T-1], float 0/1: the tokens that are trained on
     sample_logprobs: torch.Tensor  # [rows, T-1]: the engine's logprobs of the targets
     advantages: torch.Tensor  # [rows]
+    engine_logprobs: torch.Tensor | None = None  # [rows] bool; None: every row has the engine's logprobs
+
+    def fill_missing_logprobs(self, logprobs: torch.Tensor) -> None:
+        """Rows whose engine reported no logprobs take the trainer's own (before any update): no
+        mismatch is invented for them, and a rollout correction sees a ratio of 1."""
+        if self.engine_logprobs is not None:
+            self.sample_logprobs = torch.where(self.engine_logprobs[:, None], self.sample_logprobs,
+                                               logprobs.detach())
+            self.engine_logprobs = None
 
     @property
     def num_trained_tokens(self) -> int:
@@ -41,6 +50,7 @@ def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | st
     mask = torch.tensor([padded(item.loss_mask, 0) for item in items], dtype=torch.float32)
     sampled = torch.tensor([padded(item.sample_logprobs, 0.0) for item in items], dtype=torch.float32)
     advantages = torch.tensor([item.advantage for item in items], dtype=torch.float32)
+    reported = [item.engine_logprobs for item in items]
     return Batch(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
@@ -48,6 +58,7 @@ def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | st
         mask=mask[:, 1:].to(device),
         sample_logprobs=sampled[:, 1:].to(device),
         advantages=advantages.to(device),
+        engine_logprobs=None if all(reported) else torch.tensor(reported, device=device),
     )
 
 

@@ -6,15 +6,17 @@ trainer updates, so nothing is copied between steps.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agenttune.backbones.local import checkpoint as checkpoints
+from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
 from agenttune.backbones.local.monitor import Trackers
 from agenttune.backbones.local.policy import (
     Policy,
@@ -51,6 +53,8 @@ class Setup:
     start_step: int
     components: Any
     engine: Any = None
+    pending: list[Task] = field(default_factory=list)  # async: tasks taken but not trained at the checkpoint
+    pipeline: Any = None  # async: the GroupPipeline
 
 
 def train(run: Run) -> None:
@@ -87,16 +91,17 @@ def prepare(run: Run) -> Setup:
         _warm_up(run, model, tokenizer, config.local.warmup.data)
     trainer = GRPOTrainer(model, config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
                           reference=reference_scope(config, model, device))
-    start_step = 0
+    start_step, pending = 0, []
     if resume_from is not None:
         state = checkpoints.read_state(resume_from)
         trainer.load_state_dict(checkpoints.load_trainer_state(resume_from))
         order.load_state_dict(state.task_order)
         checkpoints.restore_rng(resume_from)
         start_step = state.step
+        pending = [Task.model_validate(task) for task in state.extra.get("pending_tasks", [])]
         _forget_steps_after(run, start_step)
         log.info("resumed", checkpoint=str(resume_from), step=start_step)
-    return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components)
+    return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components, pending=pending)
 
 
 def _read(reader: Any, split: str) -> list[Task]:
@@ -189,19 +194,29 @@ async def training_loop(run: Run, setup: Setup) -> None:
     from agenttune.session import rollout_session
 
     config = run.config
-    engine = setup.engine = build_engine(config, setup.tokenizer, model=setup.model)
+    bound = config.trainer.staleness_bound
+    engine = setup.engine = build_engine(config, setup.tokenizer, model=rollout_model(setup.model, bound))
+    _check_engine(engine, bound)
+    _warn_if_uncorrected(config, bound)
+    if engine.updates_weights:  # tokens record policy versions from here on
+        await engine.sync_weights(setup.model, setup.start_step)
     trackers = Trackers(run)
     metrics_log = MetricsLog(run.metrics_path)
     try:
         async with rollout_session(config, run=run, components=setup.components, engine=engine,
                                    tokenizer=setup.tokenizer) as session:
+            if bound is not None:
+                setup.pipeline = GroupPipeline(
+                    session.rollout, setup.order.next_batch, batch_size=config.data.train_batch_size,
+                    bound=bound, version=setup.start_step, pending=setup.pending)
             with TrainingProgress(setup.total_steps, start_step=setup.start_step) as progress:
                 if config.trainer.val_before_train and setup.start_step == 0 and setup.validation:
                     metrics = await _validate(session, setup, progress, step=0)
                     _write(metrics_log, trackers, 0, {"epoch": 0, **metrics})
                 for step in range(setup.start_step + 1, setup.total_steps + 1):
                     last = step == setup.total_steps
-                    metrics = await _train_step(session, setup, progress, step)
+                    take_step = _train_step if setup.pipeline is None else _train_step_async
+                    metrics = await take_step(session, setup, progress, step)
                     if setup.validation and _every(config.trainer.test_freq, step, last):
                         metrics.update(await _validate(session, setup, progress, step=step))
                     _write(metrics_log, trackers, step, metrics)
@@ -210,6 +225,8 @@ async def training_loop(run: Run, setup: Setup) -> None:
                         progress.phase("saving")
                         _save(run, setup, step)
     finally:
+        if setup.pipeline is not None:
+            await setup.pipeline.aclose()
         await engine.aclose()
         trackers.close()
     _finish(run)
@@ -228,19 +245,73 @@ async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, st
     rollout_s = time.perf_counter() - started
     metrics = session.record(step, "train", episodes)
     progress.phase("training")
+    await setup.engine.release_memory()  # an engine with its own weights on this GPU (vllm) sleeps
     metrics.update(setup.trainer.step(episodes))
-    if hasattr(setup.engine, "load_weights"):  # an engine with its own copy of the weights (vllm)
-        setup.engine.load_weights(setup.model)
+    await setup.engine.sync_weights(setup.model, step)  # vllm: wakes, loads the new weights, resets its prefix cache
+    _add_perf(metrics, started, rollout_s, setup.order.epoch)
+    return metrics
+
+
+async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:
+    """Train on the first complete groups while the next ones roll out; then refresh the rollout weights."""
+    started = time.perf_counter()
+    progress.phase(f"waiting for {session.config.data.train_batch_size} groups")
+    groups, metrics = await setup.pipeline.next_batch()
+    waited_s = time.perf_counter() - started
+    episodes = [episode for group in groups for episode in group.episodes]
+    metrics.update(session.record(step, "train", episodes))
+    metrics.update(staleness_metrics(episodes, version=step - 1))
+    progress.phase("training (rollouts go on)")
+    # In a thread: the event loop keeps serving the gateway and the workflows meanwhile.
+    metrics.update(await asyncio.to_thread(setup.trainer.step, episodes))
+    await setup.engine.sync_weights(setup.model, step)
+    setup.pipeline.advance(step)
+    _add_perf(metrics, started, waited_s, setup.order.epoch)
+    return metrics
+
+
+def _add_perf(metrics: dict[str, float], started: float, rollout_s: float, epoch: int) -> None:
+    """`rollout_s`: the time the step waited for its episodes (all of the rollout, when synchronous)."""
     elapsed = time.perf_counter() - started
     generated = metrics.get("tokens/generated_total", 0.0)
     metrics.update({
-        "epoch": float(setup.order.epoch),
+        "epoch": float(epoch),
         "perf/rollout_time_s": rollout_s,
         "perf/step_time_s": elapsed,
         "perf/rollout_tokens_per_s": generated / rollout_s if rollout_s else 0.0,
         "perf/tokens_per_s": (generated + metrics.get("train/tokens", 0.0)) / elapsed if elapsed else 0.0,
     })
-    return metrics
+
+
+def rollout_model(model: torch.nn.Module, bound: int | None) -> torch.nn.Module:
+    """The weights rollouts sample from: the trained model itself when synchronous (nothing copied);
+    a frozen copy when asynchronous, refreshed by `engine.sync_weights` after each step."""
+    if bound is None:
+        return model
+    import copy
+
+    copied = copy.deepcopy(model)
+    copied.requires_grad_(False)
+    return copied.eval()
+
+
+def _warn_if_uncorrected(config: Any, bound: int | None) -> None:
+    """Tokens sampled by older weights are trained as if on-policy unless rollout correction weighs them
+    (verl, AReaL and slime all pair asynchronous training with it). The quickstart at max_staleness 2
+    without it once peaked at 100 % held-out and fell to 56 % by step 20 (docs/local.md)."""
+    correction = config.algorithm.rollout_correction
+    if bound and not (correction.rollout_is or correction.rollout_rs or correction.bypass_mode):
+        log.warning("asynchronous training without rollout correction: tokens up to "
+                    f"{bound} policy versions old are trained as if on-policy. Set "
+                    "algorithm.rollout_correction.rollout_is: token (and rollout_is_threshold: 2.0) to weigh "
+                    "them by pi_old / pi_rollout (docs/local.md, Asynchronous training).")
+
+
+def _check_engine(engine: Any, bound: int | None) -> None:
+    if bound is not None and not engine.updates_weights:
+        raise UserError(f"trainer.mode asynchronous needs an engine that takes weight updates between decode steps; "
+                        f"the {engine.name!r} engine does not.",
+                        hint="Use engine.type: hf with trainer.mode: async or one_step_off, or trainer.mode: sync.")
 
 
 async def _validate(session: Any, setup: Setup, progress: TrainingProgress, *, step: int) -> dict[str, float]:
@@ -269,6 +340,8 @@ def _save(run: Run, setup: Setup, step: int) -> None:
         step=step, task_order=setup.order.state_dict(), base_model=resolve_model_path(config.model.path),
         lora=config.local.lora_rank > 0,
     )
+    if setup.pipeline is not None:  # started or queued groups a resumed run must start again
+        state.extra["pending_tasks"] = [task.model_dump(mode="json") for task in setup.pipeline.pending()]
     path = checkpoints.save_checkpoint(run.checkpoints_dir, state, model=setup.model, tokenizer=setup.tokenizer,
                                        trainer_state=setup.trainer.state_dict(), keep=config.local.keep_checkpoints)
     log.info("checkpoint saved", path=str(path))

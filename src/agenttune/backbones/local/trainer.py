@@ -18,9 +18,14 @@ from agenttune.backbones.local.advantages import group_advantages
 from agenttune.backbones.local.batching import ItemStats, build_items, micro_batches
 from agenttune.backbones.local.logprobs import Batch, collate, token_logprobs
 from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
+from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
+from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
+from agenttune.run import get_logger
+
+log = get_logger("local")
 
 # Reference log-probs come from a frozen model, or from the policy with its LoRA adapter switched off.
 ReferenceScope = Callable[[], AbstractContextManager[torch.nn.Module]]
@@ -85,6 +90,7 @@ class GRPOTrainer:
         with warnings.catch_warnings():  # a step without an update still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
+        _warn_about_lengths(item_stats, data.max_prompt_length, data.max_response_length)
         elapsed = time.perf_counter() - started
         metrics["perf/train_time_s"] = elapsed
         metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / elapsed if elapsed else 0.0
@@ -92,17 +98,28 @@ class GRPOTrainer:
 
     def _update(self, batches: list[Batch]) -> dict[str, float]:
         local, algorithm = self.config.local, self.config.algorithm
+        correction = algorithm.rollout_correction
         on_policy = local.ppo_epochs * local.mini_batches == 1
         # With a single update the weights cannot move before the loss is taken, so the "old"
         # log-probs are the current ones (detached): the ratio is exactly 1 and no extra pass is needed.
+        # Decoupled rollout correction compares the engine with π_old before any update (its
+        # weights and rejection masks must be known up front: they set the loss's denominators).
+        scoring_pass = not on_policy or (correction.enabled and not correction.bypass_mode)
         totals: dict[str, float] = {}
         old = None
-        if not on_policy:
+        if scoring_pass:
             old = []
             for batch in batches:
                 logprobs, entropy = self._logprobs_without_grad(batch)
+                batch.fill_missing_logprobs(logprobs)
                 _record_first_pass(totals, batch, logprobs, entropy)
                 old.append(logprobs)
+        corrections = None
+        if old is not None and correction.enabled and not correction.bypass_mode:
+            corrections = [correct(o - batch.sample_logprobs, batch.mask, correction) for o, batch in zip(
+                old, batches, strict=True)]
+            if correction.rollout_is_batch_normalize:
+                totals["is_batch_norm_factor"] = normalize(corrections, correction.rollout_is)
         reference = [self._reference_logprobs(batch) for batch in batches] if algorithm.kl_coef > 0 else None
         for _ in range(local.ppo_epochs):
             for indices in _split(len(batches), local.mini_batches):
@@ -110,11 +127,13 @@ class GRPOTrainer:
                     [batches[i] for i in indices],
                     [old[i] for i in indices] if old else None,
                     [reference[i] for i in indices] if reference else None,
-                    record_first_pass=on_policy,
+                    [corrections[i] for i in indices] if corrections else None,
+                    record_first_pass=not scoring_pass,
                 )
-                for key, value in stats.items():
-                    totals[key] = max(totals.get(key, 0.0), value) if key == "mismatch_max" else (
-                        totals.get(key, 0.0) + value)
+                _add_stats(totals, stats)
+        if corrections is not None:  # counted once, not once per update
+            for item in corrections:
+                _add_stats(totals, {f"rc_{key}": value for key, value in item.stats.items()})
         return _finish_metrics(totals, batches)
 
     def _optimizer_update(
@@ -122,11 +141,13 @@ class GRPOTrainer:
         batches: list[Batch],
         old: list[torch.Tensor] | None,
         reference: list[torch.Tensor] | None,
+        corrections: list[Correction] | None,
         *,
         record_first_pass: bool,
     ) -> dict[str, float]:
         algorithm = self.config.algorithm
-        total_tokens = sum(batch.num_trained_tokens for batch in batches)
+        masks = [c.mask for c in corrections] if corrections else [batch.mask for batch in batches]
+        total_tokens = sum(int(mask.sum()) for mask in masks)
         total_rows = sum(batch.input_ids.shape[0] for batch in batches)
         stats = {"updates": 1.0}
         self.optimizer.zero_grad(set_to_none=True)
@@ -134,27 +155,27 @@ class GRPOTrainer:
             logprobs, entropy = token_logprobs(
                 self.model, batch, temperature=self._temperature, with_entropy=record_first_pass
             )
-            old_logprobs = old[index] if old is not None else logprobs.detach()
-            policy_loss, clipped = clipped_policy_loss(
-                logprobs, old_logprobs, batch.advantages,
-                clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
-            )
+            batch.fill_missing_logprobs(logprobs)  # (the first update: the policy is still pi_old)
+            applied = corrections[index] if corrections else self._bypass_correction(batch, logprobs, stats)
+            mask = applied.mask if applied is not None else batch.mask
+            policy_loss, clipped = self._policy_loss(batch, logprobs, old[index] if old is not None else None,
+                                                     applied)
             per_token = policy_loss
 
-            def share(values: torch.Tensor, mask: torch.Tensor = batch.mask) -> torch.Tensor:
+            def share(values: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
                 return aggregate(values, mask, algorithm.loss_agg_mode,
                                  total_tokens=total_tokens, total_sequences=total_rows)
 
             if reference is not None:
                 kl = kl_penalty(logprobs, reference[index], algorithm.kl_estimator)
                 per_token = per_token + algorithm.kl_coef * kl
-                stats["kl_sum"] = stats.get("kl_sum", 0.0) + float((kl.detach() * batch.mask).sum())
+                stats["kl_sum"] = stats.get("kl_sum", 0.0) + float((kl.detach() * mask).sum())
             loss = share(per_token)
             loss.backward()
             stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
             stats["pg_loss"] = stats.get("pg_loss", 0.0) + float(share(policy_loss.detach()))
-            stats["clipped_tokens"] = stats.get("clipped_tokens", 0.0) + float((clipped * batch.mask).sum())
-            stats["trained_tokens"] = stats.get("trained_tokens", 0.0) + batch.num_trained_tokens
+            stats["clipped_tokens"] = stats.get("clipped_tokens", 0.0) + float((clipped * mask).sum())
+            stats["trained_tokens"] = stats.get("trained_tokens", 0.0) + float(mask.sum())
             if record_first_pass:
                 _record_first_pass(stats, batch, logprobs.detach(), entropy)
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -167,6 +188,35 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats["grad_norm"] = float(grad_norm)
         return stats
+
+    def _bypass_correction(self, batch: Batch, logprobs: torch.Tensor, stats: dict[str, float]) -> Correction | None:
+        """Bypass mode: π_old is the engine, so the correction is measured against the current policy."""
+        options = self.config.algorithm.rollout_correction
+        if not options.bypass_mode:
+            return None
+        reinforce = options.loss_type == "reinforce"
+        applied = correct(logprobs.detach() - batch.sample_logprobs, batch.mask, options, with_weights=reinforce)
+        _add_stats(stats, {f"rc_{key}": value for key, value in applied.stats.items()})
+        return applied
+
+    def _policy_loss(self, batch: Batch, logprobs: torch.Tensor, old: torch.Tensor | None,
+                     applied: Correction | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token policy loss and where clipping won, with the rollout correction applied."""
+        algorithm = self.config.algorithm
+        options = algorithm.rollout_correction
+        if options.bypass_mode and options.loss_type == "reinforce":
+            assert applied is not None and applied.weights is not None
+            loss = -applied.weights * batch.advantages.unsqueeze(-1) * logprobs
+            return loss, torch.zeros_like(loss)
+        if options.bypass_mode:
+            old = batch.sample_logprobs  # the engine's logprobs are π_old: the ratio is the correction
+        loss, clipped = clipped_policy_loss(
+            logprobs, old if old is not None else logprobs.detach(), batch.advantages,
+            clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
+        )
+        if applied is not None and applied.weights is not None:
+            loss = loss * applied.weights
+        return loss, clipped
 
     @property
     def _temperature(self) -> float:
@@ -236,7 +286,29 @@ def _finish_metrics(totals: dict[str, float], batches: list[Batch]) -> dict[str,
     }
     if "kl_sum" in totals:
         metrics["train/kl"] = totals["kl_sum"] / trained
+    corrections = {key[3:]: value for key, value in totals.items() if key.startswith("rc_")}
+    if corrections:
+        metrics.update(correction_metrics(corrections))
+    if "is_batch_norm_factor" in totals:
+        metrics["train/rollout_is_batch_norm_factor"] = totals["is_batch_norm_factor"]
     return metrics
+
+
+def _warn_about_lengths(stats: ItemStats, max_prompt: int, max_response: int) -> None:
+    """Said once per step, so that a limit that costs training data is never silent."""
+    if not (stats.split or stats.dropped_calls):
+        return
+    dropped = ", ".join(f"{count} ({reason})" for reason, count in stats.dropped_calls.items()) or "none"
+    log.warning(f"{stats.split} samples were longer than data.max_prompt_length={max_prompt} / "
+                f"data.max_response_length={max_response} and were split at call boundaries; calls that fit in "
+                f"no part were dropped: {dropped}. Raise the limits (they default to model.max_model_len) to "
+                "train on everything.")
+
+
+def _add_stats(totals: dict[str, float], stats: dict[str, float]) -> None:
+    """Sums, except maxima (keys ending in `_max`), which stay maxima."""
+    for key, value in stats.items():
+        totals[key] = max(totals.get(key, value), value) if key.endswith("_max") else totals.get(key, 0.0) + value
 
 
 def _item_metrics(stats: ItemStats, num_items: int) -> dict[str, float]:
@@ -245,7 +317,9 @@ def _item_metrics(stats: ItemStats, num_items: int) -> dict[str, float]:
         "train/samples": float(num_items),
         "train/samples_not_trainable": float(stats.not_trainable),
         "train/samples_prompt_too_long": float(stats.too_long_prompt),
-        "train/samples_response_truncated": float(stats.truncated_response),
+        "train/samples_split": float(stats.split),
+        "train/samples_logprobs_recomputed": float(stats.logprobs_recomputed),
+        **{f"train/calls_dropped/{reason}": float(count) for reason, count in stats.dropped_calls.items()},
     }
     if lengths:  # absent, not 0, on steps without trained samples: curves skip them
         metrics["train/response_length_mean"] = sum(lengths) / len(lengths)

@@ -523,6 +523,9 @@ function onTokenHover(event) {
     ["text", i < texts.length ? JSON.stringify(texts[i]) : "(no text logged)"],
     ["logprob", trained ? `${logprob.toFixed(4)}  (p = ${Math.exp(logprob).toFixed(3)})` : "— (context: not sampled)"],
     ["kind", trained ? "trained (loss mask 1)" : prompt ? "prompt (context)" : "context (loss mask 0)"],
+    // Asynchronous training: which policy version (optimizer step) sampled the token.
+    ...(!prompt && sample.policy_versions && sample.policy_versions[i] >= 0
+      ? [["policy version", String(sample.policy_versions[i])]] : []),
     ["position", `${prompt ? "prompt" : "response"} token ${i + 1} of ${ids.length}, sample ${Number(span.dataset.s) + 1}`],
   ];
   const tooltip = $("tooltip");

@@ -1,0 +1,155 @@
+"""Synchronous vs asynchronous training of the same agent on a long-tail workload, side by side.
+
+    python bench/async_vs_sync.py                          # sync, one_step_off, async (staleness 2)
+    python bench/async_vs_sync.py --steps 20 --json /tmp/async.json
+
+The agent is the quickstart's calculator agent (examples/quickstart) behind a slow environment:
+every episode waits for its environment first — 0.05-0.15 s usually, but the tasks whose id hashes
+into the slowest 10 % wait `--slow-s` seconds (3 s by default), as a slow tool or a long episode
+would. A synchronous step waits for its slowest group; an asynchronous one trains on the groups
+that are done while the slow ones finish.
+
+All modes start from the same model: the quickstart's supervised warm-up (run once, first), then
+`--steps` GRPO steps each, validating greedily on `--val-tasks` held-out problems every
+`--test-freq` steps. Printed per mode: steps per second (training steps only: validation time is
+left out, though asynchronous rollouts go on during it), the time to reach `--target` held-out
+accuracy, and the final accuracy. Target (issue 22): asynchronous steps/s >= 1.6x synchronous, and
+the quickstart trained asynchronously still reaches >= 95 %.
+
+`--json PATH` writes the figures: `speedup` (the best asynchronous mode's steps/s over synchronous)
+and `final_accuracy` (mode -> held-out accuracy) among them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart"
+
+SLOW_AGENT = '''
+import asyncio
+import random
+import zlib
+
+from calculator_agent import CalculatorAgent
+
+
+class SlowEnvironmentAgent(CalculatorAgent):
+    """The calculator agent, after its environment is ready: usually fast, for some tasks very slow."""
+
+    async def execute(self, task, tuner):
+        slow = zlib.crc32(task.task_id.encode()) % 100 < {slow_percent}
+        await asyncio.sleep({slow_s} if slow else 0.05 + 0.1 * random.random())
+        return await super().execute(task, tuner)
+'''
+
+MODES = {
+    "sync": ["trainer.mode=sync"],
+    "one_step_off": ["trainer.mode=one_step_off"],
+    "async": ["trainer.mode=async", "trainer.max_staleness=2"],
+}
+
+
+def agenttune(conf: Path, run_dir: Path, *overrides: str) -> float:
+    """Run `agenttune train`; returns its wall time."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(QUICKSTART), os.environ.get("PYTHONPATH", "")])}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "agenttune", "train", "--conf", str(conf), "--run-dir", str(run_dir),
+                    *overrides], check=True, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def warm_up(work: Path, data: Path) -> Path:
+    """The quickstart's supervised warm-up and one RL step: the model every mode starts from."""
+    run_dir = work / "warmup"
+    agenttune(QUICKSTART / "quickstart.yaml", run_dir, f"task_reader.path={data}/{{split}}.jsonl",
+              f"local.warmup.data={data / 'demos.jsonl'}", "trainer.total_steps=1", "trainer.save_freq=1",
+              "trainer.val_before_train=false", "trainer.test_freq=0", "local.plot=false",
+              "monitor.tensorboard=false")
+    return run_dir / "checkpoints" / "step_000001" / "model"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def summarize(records: list[dict], target: float) -> dict:
+    steps = [record for record in records if record.get("step", 0) > 0]
+    train_s = sum(record["perf/step_time_s"] for record in steps)
+    elapsed, time_to_target = 0.0, None
+    for record in steps:
+        elapsed += record["perf/step_time_s"]
+        if time_to_target is None and record.get("val/success_rate", -1) >= target:
+            time_to_target = elapsed
+    accuracy = [record["val/success_rate"] for record in steps if "val/success_rate" in record]
+    return {"steps": len(steps), "train_s": train_s, "steps_per_s": len(steps) / train_s,
+            "time_to_target_s": time_to_target, "final_accuracy": accuracy[-1] if accuracy else None,
+            "dropped_groups": max((record.get("async/dropped_groups_total", 0) for record in steps), default=0),
+            "staleness_mean": sum(record.get("async/staleness_mean", 0) for record in steps) / len(steps)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--test-freq", type=int, default=4)
+    parser.add_argument("--val-tasks", type=int, default=100)
+    parser.add_argument("--slow-s", type=float, default=3.0)
+    parser.add_argument("--slow-percent", type=int, default=10)
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(QUICKSTART))
+    from run import write_data
+
+    work = Path(tempfile.mkdtemp(prefix="agenttune-async-bench-"))
+    data = work / "data"
+    write_data(data)
+    (work / "slow_agent.py").write_text(SLOW_AGENT.format(slow_s=args.slow_s, slow_percent=args.slow_percent))
+    conf = work / "slow.yaml"
+    conf.write_text((QUICKSTART / "quickstart.yaml").read_text().replace(
+        "calculator_agent:CalculatorAgent", "slow_agent:SlowEnvironmentAgent"))
+    print(f"warm-up (once, shared by every mode) in {work} ...", flush=True)
+    start_model = warm_up(work, data)
+
+    results = {}
+    for mode in args.modes.split(","):
+        run_dir = work / mode
+        wall = agenttune(conf, run_dir, *MODES[mode], f"model.path={start_model}", "local.warmup.data=null",
+                         f"task_reader.path={data}/{{split}}.jsonl", f"trainer.total_steps={args.steps}",
+                         f"trainer.test_freq={args.test_freq}", "trainer.val_before_train=false",
+                         f"data.val_batch_size={args.val_tasks}", "trainer.save_freq=0", "local.plot=false",
+                         "monitor.tensorboard=false")
+        results[mode] = summarize(read_metrics(run_dir), args.target) | {"wall_s": wall}
+        row = results[mode]
+        print(f"{mode:>13}: {row['steps_per_s']:.3f} steps/s ({row['train_s']:.1f} s for {row['steps']} steps), "
+              f"time to {args.target:.0%}: {row['time_to_target_s'] and round(row['time_to_target_s'], 1)} s, "
+              f"final accuracy {row['final_accuracy']:.1%}, dropped groups {row['dropped_groups']:.0f}, "
+              f"mean staleness {row['staleness_mean']:.2f}", flush=True)
+
+    report = {"workload": {"steps": args.steps, "slow_s": args.slow_s, "slow_percent": args.slow_percent,
+                           "val_tasks": args.val_tasks, "target": args.target},
+              "modes": results, "final_accuracy": {mode: row["final_accuracy"] for mode, row in results.items()}}
+    if "sync" in results:
+        others = {mode: row["steps_per_s"] / results["sync"]["steps_per_s"] for mode, row in results.items()
+                  if mode != "sync"}
+        report["speedup_by_mode"] = others
+        report["speedup"] = max(others.values()) if others else None
+        for mode, ratio in others.items():
+            print(f"{mode} / sync steps per second: {ratio:.2f}x (target >= 1.6x)")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

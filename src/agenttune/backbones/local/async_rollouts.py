@@ -1,0 +1,170 @@
+"""Asynchronous rollouts: groups for later steps roll out while a step trains.
+
+Agent episodes have long tails (a slow tool, a 30-turn episode); a synchronous step waits for its
+slowest group while the trainer idles, then the trainer works while the engine idles. Here groups
+(one task x `rollout.num_repeat` episodes) roll out continuously and the trainer takes the first
+`train_batch_size` groups that are complete, as AReaL and verl's fully-async trainer do.
+
+Staleness is counted in policy versions (optimizer steps applied to the weights that sampled a
+token). The rollout engine samples from its own copy of the weights, refreshed after every update,
+also in the middle of an episode (partial rollouts): each token records its version. Two rules keep
+the data close to the policy being trained:
+
+- Admission: a group starts only while at most `(version - start + bound + 1) x batch_size` groups
+  (plus those dropped) have started, so rollouts never run more than `bound` versions ahead.
+  With bound 0 this is the synchronous schedule.
+- Staleness: a group whose oldest token lags the trained weights by more than `bound` versions is
+  dropped and counted (`async/dropped_groups`); a fresh group starts in its place.
+
+Tasks taken from the task order but not yet trained are `pending()`: a checkpoint stores them so a
+resumed run starts them again instead of losing them (and draws nothing twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agenttune.episode import Episode
+from agenttune.run import get_logger
+from agenttune.task import Task
+
+log = get_logger("local")
+
+# Replacements for dropped groups start from the newest weights, so they are fresh: this many batches'
+# worth of stale groups in a row means the engine's weights are not being updated at all.
+STALE_IN_A_ROW = 10
+
+
+@dataclass
+class Group:
+    """A task's episodes, finished."""
+
+    order: int  # when its task was taken: accepted groups train in this order (deterministic batches)
+    task: Task
+    episodes: list[Episode]
+
+    def oldest_version(self) -> int | None:
+        versions = [sample.oldest_version for episode in self.episodes for sample in episode.samples]
+        known = [version for version in versions if version is not None]
+        return min(known) if known else None
+
+
+class GroupPipeline:
+    """Keeps groups rolling out ahead of training, within a staleness bound.
+
+    `rollout` is the session's RolloutEngine, `next_tasks()` returns the next batch of tasks (the
+    task order), `version` the policy version of the weights rollouts start from.
+    """
+
+    def __init__(self, rollout: Any, next_tasks: Any, *, batch_size: int, bound: int, version: int,
+                 pending: Sequence[Task] = ()):
+        self.rollout, self.next_tasks = rollout, next_tasks
+        self.batch_size, self.bound = batch_size, bound
+        self.version = self._start_version = version
+        self._queued: deque[tuple[int, Task]] = deque()
+        self._numbers = itertools.count()
+        for task in pending:  # a resumed run's unfinished groups go first
+            self._queued.append((next(self._numbers), task))
+        self._running: dict[asyncio.Task, tuple[int, Task]] = {}
+        self._done: list[Group] = []
+        self._arrived = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._started = 0
+        self.dropped = 0
+
+    # -- what the training loop calls ---------------------------------------------------------------
+    async def next_batch(self) -> tuple[list[Group], dict[str, float]]:
+        """The next `batch_size` complete groups fresh enough to train the current version."""
+        accepted: list[Group] = []
+        dropped = 0
+        while len(accepted) < self.batch_size:
+            self._fill()
+            while not self._done:
+                self._raise_failure()
+                self._arrived.clear()
+                await self._arrived.wait()
+            # The earliest-drawn complete group first: it is the closest to going stale.
+            group = min(self._done, key=lambda done: done.order)
+            self._done.remove(group)
+            oldest = group.oldest_version()
+            if oldest is not None and self.version - oldest > self.bound:
+                if dropped >= STALE_IN_A_ROW * self.batch_size:
+                    raise RuntimeError(
+                        f"{dropped} groups in a row were older than trainer.max_staleness ({self.bound}) allows: the "
+                        f"rollout engine's weights are not refreshed (its tokens carry version {oldest}, "
+                        f"training is at {self.version}).")
+                dropped += 1
+                self.dropped += 1  # widens admission by one: a fresh group replaces it
+                log.info("stale group dropped", task=group.task.task_id, oldest=oldest, version=self.version)
+                continue
+            accepted.append(group)
+        accepted.sort(key=lambda group: group.order)
+        return accepted, {"async/dropped_groups": float(dropped), "async/dropped_groups_total": float(self.dropped),
+                          "async/groups_in_flight": float(len(self._running)),
+                          "async/groups_waiting": float(len(self._done))}
+
+    def advance(self, version: int) -> None:
+        """The rollout weights are now `version`: admit the groups it allows."""
+        self.version = version
+        self._fill()
+
+    def pending(self) -> list[Task]:
+        """Tasks taken but not trained (running, finished and waiting, or queued), in the order taken."""
+        waiting = [(group.order, group.task) for group in self._done]
+        return [task for _, task in sorted([*self._running.values(), *waiting, *self._queued], key=lambda x: x[0])]
+
+    async def aclose(self) -> None:
+        for job in self._running:
+            job.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        self._running.clear()
+
+    # -- inside -----------------------------------------------------------------------------------
+    def _fill(self) -> None:
+        allowed = (self.version - self._start_version + self.bound + 1) * self.batch_size + self.dropped
+        while self._started < allowed:
+            if not self._queued:
+                self._queued.extend((next(self._numbers), task) for task in self.next_tasks())
+            number, task = self._queued.popleft()
+            job = asyncio.create_task(self._run(number, task), name=f"agenttune-group-{task.task_id}")
+            self._running[job] = (number, task)
+            self._started += 1
+
+    async def _run(self, number: int, task: Task) -> None:
+        try:
+            episodes = await self.rollout.run_tasks([task])
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # run_tasks isolates episodes: this is the rollout itself failing
+            self._failure = error
+        else:
+            self._done.append(Group(number, task, episodes))
+        finally:
+            self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._arrived.set()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+def staleness_metrics(episodes: list[Episode], version: int) -> dict[str, float]:
+    """Per generated (trained) token: how many versions it lags the weights being trained."""
+    lags: Counter[int] = Counter()
+    for episode in episodes:
+        for sample in episode.samples:
+            for mask, token_version in zip(sample.loss_mask, sample.policy_versions or (), strict=False):
+                if mask and token_version >= 0:
+                    lags[version - token_version] += 1
+    total = sum(lags.values())
+    if not total:
+        return {}
+    metrics = {f"async/staleness/{lag}": count / total for lag, count in sorted(lags.items())}
+    metrics["async/staleness_mean"] = sum(lag * count for lag, count in lags.items()) / total
+    metrics["async/staleness_max"] = float(max(lags))
+    return metrics

@@ -1,0 +1,102 @@
+"""`agenttune serve`: the configured model and engine as a standalone OpenAI-compatible server.
+
+    agenttune serve --model tiny://default             # http://127.0.0.1:8000/v1 until Ctrl-C
+    agenttune serve --conf train.yaml --port 9000      # the training config's model, engine, gateway
+
+Point an agent at the printed base URL to debug it before training: it gets the same gateway
+(template, tool and reasoning parsers, tool_choice and response_format, streaming) and the same
+engine the rollouts will use. Any API key is accepted; each distinct key is one conversation
+(`key.agent` files calls under an agent, as in training), recorded like an episode to
+`<run_dir>/rollouts/step_000000_serve.jsonl`, which `agenttune logview <run_dir>` shows token by token.
+The file is rewritten whole (atomically) a second after calls finish, and when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from agenttune.config import AgentTuneConfig
+from agenttune.episode import Episode
+from agenttune.rollout_log import RolloutLog
+from agenttune.task import Task
+
+SPLIT = "serve"
+FLUSH_INTERVAL_S = 1.0
+
+
+class ServeRecorder:
+    """Writes every conversation the gateway has served to the rollout log, as episodes."""
+
+    def __init__(self, gateway: Any, log: RolloutLog, tokenizer: Any):
+        self.gateway, self.log, self.tokenizer = gateway, log, tokenizer
+        self.started = time.time()
+        self._written_calls = 0
+
+    def calls(self) -> int:
+        return sum(int(channel.counters["calls"]) for channel in self.gateway.channels())
+
+    def flush(self) -> Path | None:
+        """Rewrite the log when calls finished since the last write; returns its path when written."""
+        calls = self.calls()
+        if calls == self._written_calls:
+            return None
+        self._written_calls = calls
+        return self.log.replace(0, SPLIT, [self._episode(channel) for channel in self.gateway.channels()],
+                                self.tokenizer)
+
+    def _episode(self, channel: Any) -> Episode:
+        record = channel.record()
+        first_user = next((message["content"] for message in record.messages if message["role"] == "user"), "")
+        return Episode(episode_id=channel.episode_id, task=Task(task_id=channel.episode_id, query=first_user),
+                       group_id=SPLIT, samples=record.samples, messages=record.messages, metrics=record.metrics,
+                       started_at=self.started)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            self.flush()
+
+
+async def serve(config: AgentTuneConfig, run_dir: Path, *, ready: Any = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or SIGINT / SIGTERM); `ready(base_url)` is called once listening."""
+    from agenttune.engines import build_engine
+    from agenttune.gateway import Gateway
+    from agenttune.model_loading import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    engine = build_engine(config, tokenizer)
+    stop = stop or asyncio.Event()
+    try:
+        async with Gateway(engine, tokenizer, config, open_access=True) as gateway:
+            recorder = ServeRecorder(gateway, RolloutLog(run_dir / "rollouts"), tokenizer)
+            flushing = asyncio.create_task(recorder.run(), name="agenttune-serve-log")
+            with _signals_set(stop):
+                if ready is not None:
+                    ready(gateway.base_url)
+                await stop.wait()
+            flushing.cancel()
+            recorder.flush()
+    finally:
+        await engine.aclose()
+
+
+@contextlib.contextmanager
+def _signals_set(stop: asyncio.Event):
+    """Ctrl-C and SIGTERM end the server cleanly (the log is written) instead of killing it."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
