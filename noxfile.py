@@ -119,7 +119,7 @@ def vllm(session: nox.Session) -> None:
     install_core(session, "local")
     session.install("--no-deps", VLLM)  # its requirements pull CUDA torch 2.14 and GPU kernels
     session.install(CPU_TORCH, *VLLM_CPU_IMPORTS)
-    session.run("pytest", "tests/test_vllm_api.py", "tests/test_local_vllm_engine.py", *session.posargs)
+    session.run("pytest", "tests/engines/test_vllm_api.py", "tests/engines/test_local_vllm_engine.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.testing.gateways import running_gateway, tiny_config
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Arithmetic",
                                            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
 THOUGHT = "<think>\nplan\n</think>\n\nHello."
