@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agenttune.agent_framework import AgentFramework
     from agenttune.backbone import Backbone, missing_validation_split
+    from agenttune.backbones.local.rollout_correction import importance_weights, rejection_mask
     from agenttune.cli.main import app as cli_app
     from agenttune.cli.main import main as cli_main
     from agenttune.components import Components, resolve
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from agenttune.episode import Episode, EpisodeStatus, Sample, fit_all, record_fitting
     from agenttune.errors import UserError
     from agenttune.gateway import Gateway
+    from agenttune.gateway.completions import logprob_problem
     from agenttune.hookspecs import hookimpl
     from agenttune.http_retry import RetryPolicy, send_with_retries
     from agenttune.in_process import keep, reference_for
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from agenttune.rollout import RolloutEngine
     from agenttune.rollout_log import RolloutLog, TokenText, read_records, to_record
     from agenttune.run import Run, configure_logging, get_logger, prepare_run
+    from agenttune.serve import serve
     from agenttune.session import RolloutSession, rollout_session
     from agenttune.task import Task, WorkflowTask
     from agenttune.task_reader import TaskReader
@@ -113,6 +116,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "rollout_session": ("agenttune.session", "rollout_session"),
     "RolloutEngine": ("agenttune.rollout", "RolloutEngine"),
     "Gateway": ("agenttune.gateway", "Gateway"),
+    "logprob_problem": ("agenttune.gateway.completions", "logprob_problem"),
     "RolloutLog": ("agenttune.rollout_log", "RolloutLog"),
     "TokenText": ("agenttune.rollout_log", "TokenText"),
     "read_records": ("agenttune.rollout_log", "read_records"),
@@ -123,6 +127,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Trainer": ("agenttune.trainer", "Trainer"),
     "with_changes": ("agenttune.trainer", "with_changes"),
     "train_from_config": ("agenttune.training", "train_from_config"),
+    "serve": ("agenttune.serve", "serve"),
     "cli_app": ("agenttune.cli.main", "app"),
     "cli_main": ("agenttune.cli.main", "main"),
     # Built-in components a plugin builds on.
@@ -134,6 +139,9 @@ _WHERE: dict[str, tuple[str, str]] = {
     "LLMJudge": ("agenttune.judges.llm_judge", "LLMJudge"),
     "LLMJudgeOptions": ("agenttune.judges.llm_judge", "LLMJudgeOptions"),
     "LLMJudgeError": ("agenttune.judges.llm_judge", "LLMJudgeError"),
+    # Rollout correction: the local backbone's maths, which a backbone's own must match.
+    "importance_weights": ("agenttune.backbones.local.rollout_correction", "importance_weights"),
+    "rejection_mask": ("agenttune.backbones.local.rollout_correction", "rejection_mask"),
     # Talking to services.
     "RetryPolicy": ("agenttune.http_retry", "RetryPolicy"),
     "send_with_retries": ("agenttune.http_retry", "send_with_retries"),
