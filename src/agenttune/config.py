@@ -156,6 +156,14 @@ class DataConfig(Section):
                                         "model.max_model_len (nothing the gateway let through is split).")
     shuffle: bool = Field(default=True, description="Shuffle the train split every epoch (seeded).")
 
+    def length_limits(self) -> tuple[int, int]:
+        """(max_prompt_length, max_response_length) of a validated config, where neither is None:
+        AgentTuneConfig fills the unset ones in from model.max_model_len."""
+        if self.max_prompt_length is None or self.max_response_length is None:
+            raise RuntimeError("data.max_prompt_length / max_response_length are unset: they are filled in "
+                               "when the whole AgentTuneConfig is validated")
+        return self.max_prompt_length, self.max_response_length
+
 
 class AlgorithmConfig(Section):
     adv_estimator: Literal["grpo"] = Field(default="grpo", description="Advantage estimator.")

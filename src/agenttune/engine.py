@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -115,7 +115,7 @@ class InferenceEngine:
         raise NotImplementedError(f"{type(self).__name__} sets wants_messages but has no generate_chat()")
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """The generation as it happens: lists of newly sampled token ids, then the finished `Generation`.
 
         The ids streamed add up to the Generation's `token_ids`. Closing the iterator early abandons

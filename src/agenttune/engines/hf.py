@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -122,12 +122,14 @@ class HFEngine(InferenceEngine):
         return await self._submit(prompt_ids, sampling).future
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """Every decode step's token as it is sampled, then the Generation."""
         request = self._submit(prompt_ids, sampling, stream=True)
+        stream = request.stream
+        assert stream is not None  # _submit(stream=True) gives it one
         try:
             while True:
-                item = await request.stream.get()
+                item = await stream.get()
                 if isinstance(item, BaseException):
                     raise item
                 yield item if isinstance(item, Generation) else [item]
@@ -260,7 +262,7 @@ class HFEngine(InferenceEngine):
             self.decode_steps.append((len(active), len(active) + len(self._pending)))
             matchers = [request.matcher for request in active]
             guided = any(matcher is not None for matcher in matchers)
-            forced = self.grammars.mask(logits, matchers).tolist() if guided else None
+            forced: list[bool] = self.grammars.mask(logits, matchers).tolist() if guided else []
             tokens, logprobs = _sample(logits, [request.sampling for request in active], generators, active)
             token_list = tokens.tolist()
             if guided:
@@ -391,7 +393,9 @@ def _joinable(cache: Any) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    if not layers:
+        return False
+    return all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any) -> Any:

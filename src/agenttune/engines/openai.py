@@ -14,7 +14,7 @@ Two modes:
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,7 +69,7 @@ class OpenAIEngine(InferenceEngine):
         return _generation(choice, token_ids, logprobs, choice.get("text", ""))
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """Completions mode: the server's own stream (`stream: true`; vLLM sends each chunk's token ids
         with `return_token_ids`), passed on as it comes. Chat mode answers whole."""
         if self.wants_messages:

@@ -38,7 +38,7 @@ import importlib.util
 import os
 import pickle
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,7 +116,7 @@ class VLLMEngine(InferenceEngine):
         return to_generation(final.outputs[0])
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """vLLM's own stream (cumulative outputs) as new token ids, then the Generation."""
         await self._ready()
         final, sent = None, 0
