@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ["plugins/agentscope", "plugins/aworld", "plugins/verl", "plugins/trinity", "plugins/judges/gsm8k",
-           "plugins/judges/envservice"]
+           "plugins/envservice"]
 TARGET_S = 0.5
 
 

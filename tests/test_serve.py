@@ -19,10 +19,15 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gateway_fuzz import bodies, check, json_values  # (tests/ is on sys.path: pytest prepends it)
 
 from agenttune.logview.catalog import Catalog
 from agenttune.rollout_log import read_records
+
+# The gateway fuzz test's strategies, from tests/gateway/ (pytest puts only a test's own folder on sys.path).
+GATEWAY_TESTS = str(Path(__file__).resolve().parent / "gateway")
+if GATEWAY_TESTS not in sys.path:
+    sys.path.insert(0, GATEWAY_TESTS)
+from test_gateway_fuzz import bodies, check, json_values  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a server process with the tiny model
 

@@ -20,6 +20,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agenttune.rollout_correction import RolloutCorrectionOptions
 
+MadnessCheck = Literal["nonsense", "wrong_toolcall"]
+MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -37,13 +40,18 @@ class ComponentSection(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flatten_named_options(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("type"), str) and isinstance(data.get(data["type"]), dict):
-            nested = data[data["type"]]
-            data = {**nested, **{key: value for key, value in data.items() if key != data["type"]}}
-        return data
+        return flatten_named_options(data)
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+
+def flatten_named_options(data: Any) -> Any:
+    """`{type: x, x: {...}}` (options nested under the component's name) -> the options beside `type`."""
+    if isinstance(data, dict) and isinstance(data.get("type"), str) and isinstance(data.get(data["type"]), dict):
+        nested = data[data["type"]]
+        data = {**nested, **{key: value for key, value in data.items() if key != data["type"]}}
+    return data
 
 
 # ASTune's names for the built-in readers and their split keys, accepted so its configs load unchanged.
@@ -61,7 +69,7 @@ class TaskReaderConfig(ComponentSection):
     def _accept_legacy_names(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = cls._flatten_named_options(data)
+        data = flatten_named_options(data)
         data = {LEGACY_SPLIT_KEYS.get(key, key): value for key, value in data.items()}
         if data.get("type") in LEGACY_READER_TYPES:
             data["type"] = LEGACY_READER_TYPES[data["type"]]
@@ -128,8 +136,8 @@ class RolloutConfig(Section):
     turn_limit_reward: float | None = Field(
         default=None, description="Reward of an episode that ended because an agent asked for more than "
                                   "rollout.max_turns model calls (status turn_limit); none: the judge scores it.")
-    compute_madness_checklist: list[Literal["nonsense", "wrong_toolcall"]] = Field(
-        default_factory=lambda: ["nonsense", "wrong_toolcall"], description="Madness checks to run."
+    compute_madness_checklist: list[MadnessCheck] = Field(
+        default_factory=lambda: list(MADNESS_CHECKS), description="Madness checks to run."
     )
     trainable_targets: list[str] | None = Field(
         default=None, description="Agent names whose samples are trained; none: every agent."
@@ -147,6 +155,14 @@ class DataConfig(Section):
         default=None, gt=0, description="Longest merged response (tokens) a trained sample may have; none: "
                                         "model.max_model_len (nothing the gateway let through is split).")
     shuffle: bool = Field(default=True, description="Shuffle the train split every epoch (seeded).")
+
+    def length_limits(self) -> tuple[int, int]:
+        """(max_prompt_length, max_response_length) of a validated config, where neither is None:
+        AgentTuneConfig fills the unset ones in from model.max_model_len."""
+        if self.max_prompt_length is None or self.max_response_length is None:
+            raise RuntimeError("data.max_prompt_length / max_response_length are unset: they are filled in "
+                               "when the whole AgentTuneConfig is validated")
+        return self.max_prompt_length, self.max_response_length
 
 
 class AlgorithmConfig(Section):

@@ -121,7 +121,7 @@ def _fields_table(model: type[BaseModel], prefix: str) -> str:
 def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
-    value = field.default_factory() if field.default_factory is not None else field.default
+    value = field.get_default(call_default_factory=True)  # (no factory here reads other fields)
     if value is PydanticUndefined:
         return "required"
     if isinstance(value, BaseModel):

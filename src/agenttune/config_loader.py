@@ -6,13 +6,14 @@ import copy
 import difflib
 import os
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from agenttune.config import AgentTuneConfig, ComponentSection
@@ -177,7 +178,8 @@ def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source
     return model.model_validate(validated.model_dump())
 
 
-def load_config(conf: str | Path | Mapping[str, Any] | AgentTuneConfig | None, overrides: list[str] = (),
+def load_config(conf: str | os.PathLike[str] | Mapping[str, Any] | AgentTuneConfig | None,
+                overrides: Sequence[str] = (),
                 **fixed: Any) -> AgentTuneConfig:
     """The CLI's entry (and agenttune.Trainer's): a config, `key.path=value` overrides, and fixed values
     from flags. The config is a YAML file, or, from Python, its contents as a dict (read like the file)
@@ -224,7 +226,7 @@ def _origin(location: tuple[Any, ...], overrides: dict[str, Any]) -> str:
     return ""
 
 
-def _describe_one(item: dict[str, Any], model: type[BaseModel], prefix: str = "") -> str:
+def _describe_one(item: ErrorDetails, model: type[BaseModel], prefix: str = "") -> str:
     """One validation problem, naming the key path (`prefix` is where `model` sits in the config)."""
     location = [str(part) for part in item["loc"]]
     path = [prefix, *location] if prefix else location

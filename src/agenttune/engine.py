@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -82,6 +82,7 @@ class InferenceEngine:
     name: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel]] = NoOptions
     returns_token_ids: ClassVar[bool] = True
+    wants_messages: bool = False  # True: the gateway calls generate_chat (the server renders the prompt)
     # False: the engine never reports logprobs; its samples say so and the trainer recomputes them.
     # True: every generation must carry one finite logprob per token, or the gateway refuses it.
     returns_logprobs: ClassVar[bool] = True
@@ -98,11 +99,12 @@ class InferenceEngine:
     copies_weights: ClassVar[bool] = False
 
     @classmethod
-    def from_config(cls, config: Any, options: BaseModel, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
+    def from_config(cls, config: Any, options: Any, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
         """Build the engine for a run (`agenttune.engines.build_engine` calls this).
 
-        `options` is the validated `engine:` section; `model` is an already-loaded model to share
-        with a trainer, for engines that can use one.
+        `options` is the validated `engine:` section (an instance of `cls.Options`, so subclasses
+        annotate it with their own model); `model` is an already-loaded model to share with a
+        trainer, for engines that can use one.
         """
         return cls()
 
@@ -111,8 +113,14 @@ class InferenceEngine:
     ) -> Generation:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement generate()")
 
+    async def generate_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: SamplingParams
+    ) -> tuple[Generation, list[int] | None]:  # pragma: no cover - only engines with wants_messages
+        """Generate from chat messages; returns the generation and the prompt ids, when the server sends them."""
+        raise NotImplementedError(f"{type(self).__name__} sets wants_messages but has no generate_chat()")
+
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """The generation as it happens: lists of newly sampled token ids, then the finished `Generation`.
 
         The ids streamed add up to the Generation's `token_ids`. Closing the iterator early abandons
@@ -136,7 +144,6 @@ class InferenceEngine:
         what their tokens record from then on. Default: nothing (an engine that cannot hold weights
         of its own).
         """
-
 
     async def aclose(self) -> None:
         """Release servers, threads and memory."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,7 +68,7 @@ class Judge:
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()
 
-    def judge(self, judge_input: JudgeInput) -> JudgeResult:  # pragma: no cover - abstract
+    def judge(self, judge_input: JudgeInput) -> JudgeResult | Awaitable[JudgeResult]:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement judge(judge_input)")
 
     async def aclose(self) -> None:

@@ -110,7 +110,7 @@ def _judge_details(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def _merge_breaks(episodes: Sequence[Episode]) -> dict[str, float]:
     """Why timelines did not merge into one sample, summed over the step (`merge_breaks/<reason>`)."""
-    totals: Counter[str] = Counter()
+    totals: defaultdict[str, float] = defaultdict(float)
     for episode in episodes:
         for name, value in episode.metrics.items():
             if name.startswith(MERGE_BREAK_PREFIX):

@@ -77,4 +77,6 @@ def load_model(model: ModelConfig, *, device: str = "auto") -> Any:
     except (OSError, ValueError) as error:
         raise UserError(f"model.path: cannot load a model from {source!r}: {error}",
                         hint="Check the path, or that the model id exists and is in the Hugging Face cache.") from error
-    return loaded.to(device).eval()
+    # transformers declares PreTrainedModel.to with @wraps(nn.Module.to); mypy then reads the bound
+    # method as the unbound one and takes `device` for `self`.
+    return loaded.to(device).eval()  # type: ignore[arg-type]

@@ -17,18 +17,25 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
 
 from agenttune import hookspecs
 from agenttune.errors import PluginError, PluginWarning
+
+if TYPE_CHECKING:
+    from agenttune.agent_framework import AgentFramework
+    from agenttune.backbone import Backbone
+    from agenttune.engine import InferenceEngine
+    from agenttune.judge import Judge
+    from agenttune.task_reader import TaskReader
 
 ENTRY_POINT_GROUP = "agenttune"
 CORE_DISTRIBUTION = "agenttune"
@@ -254,17 +261,32 @@ def get_plugin_manager() -> PluginManager:
     return manager
 
 
+@overload
+def get_component(kind: Literal["task_readers"], name: str, *, key: str | None = None) -> type[TaskReader]: ...
+@overload
+def get_component(kind: Literal["agent_frameworks"], name: str, *,
+                  key: str | None = None) -> type[AgentFramework]: ...
+@overload
+def get_component(kind: Literal["judges"], name: str, *, key: str | None = None) -> type[Judge]: ...
+@overload
+def get_component(kind: Literal["backbones"], name: str, *, key: str | None = None) -> type[Backbone]: ...
+@overload
+def get_component(kind: Literal["engines"], name: str, *, key: str | None = None) -> type[InferenceEngine]: ...
+@overload
+def get_component(kind: str, name: str, *, key: str | None = None) -> type: ...
 def get_component(kind: str, name: str, *, key: str | None = None) -> type:
+    """The class registered as `name` among the `kind`s (typed by the hook's contract: the hooks
+    return subclasses of TaskReader, AgentFramework, Judge, Backbone and InferenceEngine)."""
     return get_plugin_manager().get(kind, name, key=key)
 
 
 def make_plugin(
     *,
-    task_readers: list[type] = (),
-    agent_frameworks: list[type] = (),
-    judges: list[type] = (),
-    backbones: list[type] = (),
-    engines: list[type] = (),
+    task_readers: Sequence[type] = (),
+    agent_frameworks: Sequence[type] = (),
+    judges: Sequence[type] = (),
+    backbones: Sequence[type] = (),
+    engines: Sequence[type] = (),
     config_sections: dict[str, type] | None = None,
     commands: Callable[[Any], Any] | None = None,
 ) -> object:

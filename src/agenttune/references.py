@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.errors import UserError
+from agenttune.install_hints import import_hint
 
 
 def split_reference(reference: str) -> tuple[str, str]:
@@ -40,14 +41,20 @@ def load_reference(reference: str, *, key: str = "reference", search_path: Path 
     try:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
+        if _is_the_module_itself(error, module_name):
+            raise UserError(
+                f"{key}: cannot import module {module_name!r} from {reference!r} ({error}).",
+                hint="Check the spelling, and run from the directory that contains the package or install it.",
+            ) from error
         raise UserError(
-            f"{key}: cannot import module {module_name!r} from {reference!r} ({error}).",
-            hint="Check the spelling, and run from the directory that contains the package or install it.",
+            f"{key}: importing {module_name!r} needs {error.name!r}, which is not installed ({error}).",
+            hint=import_hint(error) or f"Install the package that provides {error.name!r}.",
         ) from error
     except Exception as error:  # the user's module raised while importing: show what and where
         raise UserError(
             f"{key}: importing {module_name!r} raised {type(error).__name__}: {error}.",
-            hint="Fix the error in that module (run with --debug to see the traceback).",
+            hint=(import_hint(error) if isinstance(error, ImportError) else None)
+            or "Fix the error in that module (run with --debug to see the traceback).",
         ) from error
     for part in attribute_path.split("."):
         if not hasattr(target, part):
@@ -58,3 +65,9 @@ def load_reference(reference: str, *, key: str = "reference", search_path: Path 
             )
         target = getattr(target, part)
     return target
+
+
+def _is_the_module_itself(error: ModuleNotFoundError, module_name: str) -> bool:
+    """Whether the missing module is `module_name` (or a package on its path), not one it imports."""
+    missing = error.name or ""
+    return not missing or module_name == missing or module_name.startswith(missing + ".")

@@ -313,8 +313,9 @@ class RolloutEngine:
             raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge ran past judge.timeout={timeout:g}s")
         if runner.cancelled():
             raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, "the judge was cancelled (it raised CancelledError)")
-        if runner.exception() is not None:
-            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge raised {describe(runner.exception())}")
+        error = runner.exception()
+        if error is not None:
+            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge raised {describe(error)}")
         return _judge_result(runner.result(), type(self.judge))
 
     def _apply_madness(self, episode: Episode, madness: list[str]) -> None:

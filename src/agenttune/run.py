@@ -80,7 +80,7 @@ def prepare_run(config: AgentTuneConfig, run_dir: Path | None, *, resume: bool =
 
 def configure_logging(log_file: Path | None = None, *, level: int = logging.INFO) -> None:
     """Readable logs on the console, JSON lines in the run's log file."""
-    shared = [
+    shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso"),

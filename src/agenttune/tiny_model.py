@@ -209,7 +209,7 @@ def build_tiny_model(directory: str | Path, spec: TinySpec | None = None) -> Pat
         bos_token_id=eos_ids[1],
         eos_token_id=eos_ids[0],
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(spec.seed)

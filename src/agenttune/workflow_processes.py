@@ -249,6 +249,7 @@ class WorkflowProcesses:
                 reply.set_result(tuple(rest[1:]))
 
     async def _generate(self, worker: _Worker, call: int, kind: str, arguments: list) -> None:
+        result: Generation | tuple[Generation, list[int] | None] | None
         try:
             if kind == "generate":
                 prompt_ids, sampling, request_id = arguments

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from agenttune_agentscope.version import agentscope_line
 
-from agenttune.config_loader import build_config
+from agenttune.plugin_api import FrameworkLoader, build_config
 from agenttune.testing.scripted_episode import ScriptedEpisode, open_scripted_episode
-from agenttune.tuner import FrameworkLoader
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -175,8 +175,7 @@ async def test_agentscope2s_own_model_against_agenttune_serve(tmp_path, stream):
     from agentscope.state import AgentState
     from conftest import make_config
 
-    from agenttune.rollout_log import read_records
-    from agenttune.serve import serve
+    from agenttune.plugin_api import read_records, serve
 
     config = make_config(engine={"type": "scripted", "cycle": True, "replies": [
         "I will add them.\n" + tool_call("add", '{"a": 2, "b": 3}'), ANSWER]}, gateway={"port": 0})

@@ -25,11 +25,7 @@ from agenttune_envservice.demo_server import secret_of
 from conftest import LINE, frameworks, make_config
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.engine import Generation
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.plugins import get_component
-from agenttune.rollout import RolloutEngine
+from agenttune.plugin_api import EpisodeStatus, Generation, RolloutEngine, ScriptedEngine, get_component
 
 
 @pytest.fixture
@@ -100,7 +96,7 @@ class SeedLoopWorkflow(Workflow):
 
 
 async def test_seed_environment_loop_scores_and_merges_into_one_sample(env_server, tiny_tokenizer, tmp_path):
-    from agenttune.gateway import Gateway
+    from agenttune.plugin_api import Gateway
 
     config = make_config(rollout={"num_repeat": 1, "max_turns": 5}, task_reader={"type": "env_service"})
     reader_cls = get_component("task_readers", "env_service")

@@ -9,14 +9,13 @@ import pytest
 from agenttune_agentscope.framework import AgentScopeFramework
 from conftest import LINE, make_config
 
-from agenttune.errors import UserError
-from agenttune.plugins import get_component
+from agenttune.plugin_api import UserError, get_component
 
 
 def test_listed_without_importing_agentscope():
     script = (
         "import sys\n"
-        "from agenttune.cli.main import main\n"
+        "from agenttune.plugin_api import cli_main as main\n"
         "try:\n    main(['plugins', 'list'])\nexcept SystemExit:\n    pass\n"
         "assert 'agentscope' not in sys.modules, 'agentscope was imported by plugins list'\n"
     )

@@ -7,10 +7,7 @@ import asyncio
 from conftest import LINE, make_config, tool_call
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.engine import Generation
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.rollout import RolloutEngine
+from agenttune.plugin_api import EpisodeStatus, Generation, RolloutEngine, ScriptedEngine
 
 
 async def wait(seconds: float) -> str:
@@ -70,7 +67,7 @@ class BehavingWorkflow(Workflow):
 
 
 async def test_raising_and_looping_agents_are_isolated(tiny_tokenizer):
-    from agenttune.gateway import Gateway
+    from agenttune.plugin_api import Gateway
 
     # (max_turns: the looping agent must run into the timeout, not the gateway's turn limit)
     config = make_config(rollout={"episode_timeout": 3.0, "num_repeat": 1, "max_env_worker": 4, "max_turns": 10**6})

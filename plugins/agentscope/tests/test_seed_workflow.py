@@ -7,10 +7,7 @@ import json
 from conftest import frameworks, make_config, only_agentscope1
 
 from agenttune import Task
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.plugins import get_component
-from agenttune.rollout import RolloutEngine
+from agenttune.plugin_api import EpisodeStatus, RolloutEngine, ScriptedEngine, get_component
 
 pytestmark = only_agentscope1
 
@@ -26,7 +23,7 @@ async def run_seed_workflow(config, engine, tiny_tokenizer, tmp_path):
     """One episode of the seed's math workflow through a real gateway, judged by the math judge."""
     from seed_math_workflow import MathAgentWorkflow
 
-    from agenttune.gateway import Gateway
+    from agenttune.plugin_api import Gateway
 
     judge_cls = get_component("judges", "math")
     gateway = Gateway(engine, tiny_tokenizer, config)

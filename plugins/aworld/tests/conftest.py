@@ -30,11 +30,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from agenttune.config_loader import build_config  # noqa: E402
-from agenttune.engine import Generation, SamplingParams  # noqa: E402
-from agenttune.engines.scripted import ScriptedEngine, scripted_logprob  # noqa: E402
-from agenttune.task import Task  # noqa: E402
-from agenttune.tuner import FrameworkLoader, ModelTuner  # noqa: E402
+from agenttune.plugin_api import (  # noqa: E402
+    FrameworkLoader,
+    Generation,
+    ModelTuner,
+    SamplingParams,
+    ScriptedEngine,
+    Task,
+    build_config,
+    scripted_logprob,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "gaia_aworld"
@@ -75,7 +80,7 @@ class Rig:
 
 @pytest.fixture
 async def rig(tiny_tokenizer: Any, tmp_path: Path) -> AsyncIterator[Any]:
-    from agenttune.gateway import Gateway
+    from agenttune.plugin_api import Gateway
 
     started: list[Rig] = []
 

@@ -15,7 +15,7 @@ from agenttune_aworld.agents import episode_agent, point_agent_at
 from aworld.agents.llm_agent import Agent
 from aworld.config import AgentConfig
 
-from agenttune.errors import UserError
+from agenttune.plugin_api import UserError
 
 
 def cli(*args: str, **env: str) -> str:
@@ -28,7 +28,7 @@ def test_plugins_list_shows_aworld_without_importing_it():
     [plugin] = [p for p in json.loads(cli("plugins", "list", "--json")) if p["name"] == "aworld"]
     assert plugin["agent_frameworks"] == ["aworld"] and plugin["judges"] == ["reward_function"]
     assert plugin["config_sections"] == ["aworld"] and plugin["error"] is None
-    code = ("import sys; from agenttune.plugins import get_plugin_manager; get_plugin_manager().infos(); "
+    code = ("import sys; from agenttune.plugin_api import get_plugin_manager; get_plugin_manager().infos(); "
             "print([m for m in ('aworld', 'mcp', 'torch') if m in sys.modules])")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 

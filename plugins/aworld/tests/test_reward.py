@@ -8,14 +8,16 @@ import pytest
 from agenttune_aworld.reward import RewardFunctionJudge
 from gaia_reward import answers_match, extract_answer, gaia_reward_func
 
-from agenttune.config import JudgeConfig
-from agenttune.config_loader import component_options
-from agenttune.errors import UserError
-from agenttune.in_process import keep
-from agenttune.judge import JudgeInput
-from agenttune.plugins import get_component
-from agenttune.task import Task
-from agenttune.workflow import WorkflowOutput
+from agenttune.plugin_api import (
+    JudgeConfig,
+    JudgeInput,
+    Task,
+    UserError,
+    WorkflowOutput,
+    component_options,
+    get_component,
+    keep,
+)
 
 CALLS: list[tuple] = []
 

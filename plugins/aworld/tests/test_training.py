@@ -17,9 +17,7 @@ from conftest import EXAMPLE, ROOT, ToolUsingEngine, tool_call
 from gaia_reward import gaia_reward_func
 
 from agenttune import Judge, JudgeResult
-from agenttune.engines.scripted import scripted_logprob
-from agenttune.errors import UserError
-from agenttune.rollout_log import read_records
+from agenttune.plugin_api import UserError, read_records, scripted_logprob
 
 TASKS = [
     {"task_id": "right", "question": "What is calc: 6 * 7?", "answer": "42"},
@@ -151,7 +149,7 @@ def test_the_cli_trains_the_example_with_the_local_backbone(tmp_path):
 
 
 def test_an_aworld_agent_config_file_is_accepted_as_aworld_train_does(tmp_path):
-    from agenttune.references import load_reference
+    from agenttune.plugin_api import load_reference
 
     path = tmp_path / "agent.yaml"
     path.write_text("name: yaml_agent\nsystem_prompt: Answer inside <answer></answer>.\n"

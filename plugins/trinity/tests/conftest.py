@@ -45,7 +45,7 @@ def data_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_config(data_dir: Path, tiny_model_path: Path):
     """An agenttune config for the calculator agent (agenttune.testing.agents), with overrides."""
-    from agenttune.config_loader import apply_overrides, build_config
+    from agenttune.plugin_api import apply_overrides, build_config
 
     def make(*overrides: str, **sections: Any) -> Any:
         data = {

@@ -7,8 +7,7 @@ import math
 import pytest
 from agenttune_trinity.experiences import episode_experiences, group_experiences
 
-from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.task import Task
+from agenttune.plugin_api import Episode, EpisodeStatus, Sample, Task
 
 PAD = 0
 

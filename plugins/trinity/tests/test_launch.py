@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import VLLM_STUB
 
-from agenttune.errors import UserError
+from agenttune.plugin_api import UserError
 
 
 def run_python(code: str, *, stub_vllm: bool = True) -> subprocess.CompletedProcess:
@@ -24,7 +24,7 @@ def run_python(code: str, *, stub_vllm: bool = True) -> subprocess.CompletedProc
 def test_plugins_list_shows_trinity_without_importing_trinity_or_ray():
     result = run_python(
         "import json, sys\n"
-        "from agenttune.plugins import get_plugin_manager\n"
+        "from agenttune.plugin_api import get_plugin_manager\n"
         "infos = get_plugin_manager().infos()\n"
         "print(json.dumps({'backbones': sorted(b for info in infos for b in info.provides['backbones']),\n"
         "                  'problems': [info.problem for info in infos if info.name == 'trinity'],\n"
@@ -37,7 +37,7 @@ def test_plugins_list_shows_trinity_without_importing_trinity_or_ray():
 
 
 def test_train_without_gpus_fails_with_a_clear_message(make_config, tmp_path: Path):
-    from agenttune.training import train_from_config
+    from agenttune.plugin_api import train_from_config
 
     run_dir = tmp_path / "run"
     with pytest.raises(UserError) as caught:
@@ -62,7 +62,7 @@ def test_more_gpus_asked_than_the_cluster_has_is_a_clear_error():
 
 def test_missing_vllm_is_a_clear_error():
     result = run_python(
-        "from agenttune.errors import UserError\n"
+        "from agenttune.plugin_api import UserError\n"
         "from agenttune_trinity.launch import require_vllm\n"
         "try:\n    require_vllm()\nexcept UserError as error:\n    print(error.render())\n",
         stub_vllm=False)

@@ -18,7 +18,7 @@ from agenttune_trinity.translation import (
     trinity_config,
 )
 
-from agenttune.errors import UserError
+from agenttune.plugin_api import UserError
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -188,7 +188,7 @@ def test_validation_without_a_split_is_refused(make_config):
 def test_config_show_prints_a_config_trinity_loads(make_config, tmp_path: Path, data_dir: Path, tiny_model_path):
     from typer.testing import CliRunner
 
-    from agenttune.cli.main import app
+    from agenttune.plugin_api import cli_app as app
 
     conf = tmp_path / "agent.yaml"
     conf.write_text(yaml.safe_dump({

@@ -25,9 +25,7 @@ from agenttune_trinity.stack import close_all
 from agenttune_trinity.translation import TrinityPaths, trinity_config
 from fake_vllm import FakeVLLMServer
 
-from agenttune.components import resolve
-from agenttune.rollout_log import read_records
-from agenttune.run import prepare_run
+from agenttune.plugin_api import prepare_run, read_records, resolve
 from agenttune.testing.loopback import serve_app
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 40, "b": 2}}\n</tool_call>'

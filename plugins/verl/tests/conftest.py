@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from agenttune_verl.launch import CONFIG_NAME, verl_dir
 
-from agenttune.config import AgentTuneConfig
-from agenttune.config_loader import load_config
+from agenttune.plugin_api import AgentTuneConfig, load_config
 
 AGENTS_DIR = Path(__file__).parent / "agents"
 CALCULATOR = "agenttune.testing.agents:CalculatorWorkflow"

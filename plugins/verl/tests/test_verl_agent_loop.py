@@ -15,9 +15,7 @@ from agenttune_verl.launch import prepare, verl_dir
 from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
 from conftest import CALCULATOR, FINAL_ANSWER, TOOL_CALL, FakeServerManager, fake_logprob, load_like_main_ppo
 
-from agenttune.components import resolve
-from agenttune.rollout_log import RolloutLog, read_records
-from agenttune.run import prepare_run
+from agenttune.plugin_api import RolloutLog, prepare_run, read_records, resolve
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 

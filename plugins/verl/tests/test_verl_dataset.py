@@ -8,9 +8,7 @@ from agenttune_verl.launch import write_datasets
 from agenttune_verl.translation import VerlPaths
 from agenttune_verl.verl_config import build_verl_config
 
-from agenttune.components import resolve
-from agenttune.errors import UserError
-from agenttune.task import Task
+from agenttune.plugin_api import Task, UserError, resolve
 
 
 def rlhf_dataset(path, verl_data_config, tokenizer):

@@ -6,7 +6,7 @@ import pytest
 from agenttune_verl.engine import VerlEngine
 from verl.workers.rollout.replica import TokenOutput
 
-from agenttune.engine import SamplingParams
+from agenttune.plugin_api import SamplingParams
 
 
 class OneReply:
@@ -43,7 +43,7 @@ async def test_sampling_and_request_id_reach_verl():
 
 async def test_misaligned_logprobs_are_passed_on_for_the_gateway_to_refuse():
     """Issue 24: not dropped to None (which trained as 0.0): the gateway's check refuses the call, by cause."""
-    from agenttune.gateway.completions import logprob_problem
+    from agenttune.plugin_api import logprob_problem
 
     engine = VerlEngine(OneReply(TokenOutput(token_ids=[5, 6, 7], log_probs=[-0.1], stop_reason="completed")))
     generation = await engine.generate([1], SamplingParams(), request_id="ep")

@@ -13,12 +13,16 @@ from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
 from agenttune_verl.rollout_files import LockedRolloutLog
 from conftest import CALCULATOR, load_like_main_ppo
 
-from agenttune.components import resolve
-from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.metrics import MetricsLog
-from agenttune.rollout_log import RolloutLog
-from agenttune.run import prepare_run
-from agenttune.task import Task
+from agenttune.plugin_api import (
+    Episode,
+    EpisodeStatus,
+    MetricsLog,
+    RolloutLog,
+    Sample,
+    Task,
+    prepare_run,
+    resolve,
+)
 
 
 def test_verls_entry_point_accepts_the_written_config(agent_config, tmp_path):
@@ -142,7 +146,7 @@ def test_a_failing_trainer_is_reported_with_its_log(agent_config, tmp_path):
     import pytest
     from agenttune_verl.launch import run_trainer
 
-    from agenttune.errors import UserError
+    from agenttune.plugin_api import UserError
 
     run = prepare_run(agent_config(), tmp_path / "run")
     (run.run_dir / "verl").mkdir()

@@ -14,7 +14,7 @@ from verl.trainer.ppo.rollout_corr_helper import (
     compute_rollout_rejection_mask,
 )
 
-from agenttune.backbones.local.rollout_correction import importance_weights, rejection_mask
+from agenttune.plugin_api import importance_weights, rejection_mask
 
 
 def random_batch(seed: int, rows: int = 8, tokens: int = 12, spread: float = 0.8):

@@ -11,8 +11,7 @@ from agenttune_verl.translation import SAVE_ONLY_AT_END, TRANSLATIONS, VerlPaths
 from agenttune_verl.verl_config import build_verl_config, compose_verl_base, has_key, resolved
 from omegaconf import OmegaConf
 
-from agenttune.config import AgentTuneConfig
-from agenttune.errors import UserError
+from agenttune.plugin_api import AgentTuneConfig, UserError
 
 # One non-default agenttune config, and what every row of the translation table must make of it.
 CUSTOM = {
@@ -210,7 +209,7 @@ def test_native_config_is_complete_and_resolved():
 
 
 def test_config_show_prints_the_verl_config(tmp_path, capsys):
-    from agenttune.cli.main import main
+    from agenttune.plugin_api import cli_main as main
 
     conf = tmp_path / "c.yaml"
     conf.write_text("model: {path: /models/qwen}\nrollout: {num_repeat: 5}\n"
@@ -270,7 +269,7 @@ def test_listing_plugins_imports_no_heavy_library():
     import sys
 
     code = ("import sys\n"
-            "from agenttune.plugins import get_plugin_manager\n"
+            "from agenttune.plugin_api import get_plugin_manager\n"
             "assert 'verl' in get_plugin_manager().names('backbones')\n"
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'verl', 'torch', 'ray', 'hydra', 'vllm',"
             " 'transformers', 'omegaconf'})\n"

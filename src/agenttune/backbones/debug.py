@@ -45,11 +45,13 @@ class DebugBackbone(Backbone):
                           f"({config.debug.max_parallel} at once) ...")
             episodes = await session.rollout.run_tasks(tasks)
             metrics = session.record(STEP, "train", episodes)
-            session.metrics_log.write(STEP, metrics)
+            metrics_log, rollout_log = session.metrics_log, session.rollout_log
+            assert metrics_log is not None and rollout_log is not None  # (the session was given the run)
+            metrics_log.write(STEP, metrics)
         console.print(episode_table(episodes))
         print_failures(console, episodes)
         console.print(f"reward mean {metrics['reward/mean']:.3f} · success {metrics['success_rate']:.0%} · "
-                      f"failed {metrics['failure_rate']:.0%} · rollout log: {session.rollout_log.path(STEP, 'train')}")
+                      f"failed {metrics['failure_rate']:.0%} · rollout log: {rollout_log.path(STEP, 'train')}")
         return episodes
 
 

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -106,7 +106,7 @@ class HFEngine(InferenceEngine):
         self._grammars: GrammarBook | None = None
         self._pending: list[_Request] = []
         self._pending_lock = threading.Lock()  # appended on the event loop, taken by the decode thread
-        self._wakeup: asyncio.Event | None = None
+        self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
         self._cache_keyword = _cache_keyword(model)
@@ -129,12 +129,14 @@ class HFEngine(InferenceEngine):
         return await self._submit(prompt_ids, sampling).future
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """Every decode step's token as it is sampled, then the Generation."""
         request = self._submit(prompt_ids, sampling, stream=True)
+        stream = request.stream
+        assert stream is not None  # _submit(stream=True) gives it one
         try:
             while True:
-                item = await request.stream.get()
+                item = await stream.get()
                 if isinstance(item, BaseException):
                     raise item
                 yield item if isinstance(item, Generation) else [item]
@@ -421,7 +423,9 @@ def _joinable(cache: Any) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    if not layers:
+        return False
+    return all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any) -> Any:

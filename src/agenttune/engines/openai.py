@@ -14,12 +14,12 @@ Two modes:
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 
 
@@ -69,7 +69,7 @@ class OpenAIEngine(InferenceEngine):
         return _generation(choice, token_ids, logprobs, choice.get("text", ""))
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """Completions mode: the server's own stream (`stream: true`; vLLM sends each chunk's token ids
         with `return_token_ids`), passed on as it comes. Chat mode answers whole."""
         if self.wants_messages:
@@ -154,8 +154,7 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
 
 def _generation(choice: dict[str, Any], token_ids: list[int] | None, logprobs: list[Any] | None,
                 text: str) -> Generation:
-    finish = choice.get("finish_reason") or "stop"
-    finish = finish if finish in ("stop", "length") else "stop"
+    finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
     if not token_ids:  # the server gave text only: keep it, the episode is not trainable
         return Generation([], None, finish, text=text)
     # Passed on as the server sent them (a missing entry as NaN): the gateway refuses what cannot be trained.

@@ -117,9 +117,9 @@ def seeded_generator(sampling: SamplingParams, device: Any) -> Any | None:
     return torch.Generator(device=device).manual_seed(sampling.seed)
 
 
-def to_host(tokens: Any, logprobs: Any, forced: Any | None) -> tuple[list[int], list[float], list[bool] | None]:
+def to_host(tokens: Any, logprobs: Any, forced: Any | None) -> tuple[list[int], list[float], list[bool]]:
     """The step's one device-to-host copy: token ids (exact in float64, ids are far below 2**53),
-    their logprobs and, with guides, which tokens were forced."""
+    their logprobs and, with guides, which tokens were forced (without: an empty list)."""
     import torch
 
     parts = [tokens.double(), logprobs.double()]
@@ -127,4 +127,4 @@ def to_host(tokens: Any, logprobs: Any, forced: Any | None) -> tuple[list[int], 
         parts.append(forced.double())
     host = torch.stack(parts).tolist()
     return ([int(token) for token in host[0]], host[1],
-            [flag > 0 for flag in host[2]] if forced is not None else None)
+            [flag > 0 for flag in host[2]] if forced is not None else [])

@@ -9,7 +9,7 @@ Every prompt it is given is kept in `prompts`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,7 +69,7 @@ class ScriptedEngine(InferenceEngine):
         return self._finish(ids, sampling)
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """The scripted reply one token at a time (so streaming is tested token by token), then whole."""
         generation = await self.generate(prompt_ids, sampling, request_id=request_id)
         for token in generation.token_ids:

@@ -50,12 +50,12 @@ import importlib.util
 import os
 import pickle
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.engines.vllm_weights import vllm_weights
 from agenttune.errors import UserError
 
@@ -122,13 +122,13 @@ class VLLMEngine(InferenceEngine):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
-        generation = None
         async for event in self.generate_stream(prompt_ids, sampling, request_id=request_id):
-            generation = event
-        return generation
+            if isinstance(event, Generation):  # the stream's last item
+                return event
+        raise RuntimeError("the vllm engine's stream ended without its Generation")
 
     async def generate_stream(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                              request_id: str | None = None) -> AsyncIterator[list[int] | Generation]:
+                              request_id: str | None = None) -> AsyncGenerator[list[int] | Generation, None]:
         """vLLM's own stream (cumulative outputs) as new token ids, then the Generation.
 
         Per-token versions come from vLLM's `weight_versions` spans on the final output (exact: the
@@ -143,7 +143,8 @@ class VLLMEngine(InferenceEngine):
         older.
         """
         await self._ready()
-        final, versions = None, []
+        final = None
+        versions: list[int] = []  # per token sent so far
         stamp = self.policy_version
         async for output in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, vllm_sampling(sampling),
                                                  request_id or uuid.uuid4().hex):
@@ -347,14 +348,17 @@ def vllm_sampling(sampling: SamplingParams) -> Any:
     )
 
 
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}  # else: aborted
+
+
 def to_generation(completion: Any) -> Generation:
     """vLLM's CompletionOutput -> Generation (ids, the sampled tokens' logprobs, finish reason, versions)."""
     token_ids = list(completion.token_ids)
     logprobs = None
     if completion.logprobs is not None:
         logprobs = [float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs, strict=True)]
-    finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
-    return Generation(token_ids, logprobs, finish, versions=span_versions(completion))
+    return Generation(token_ids, logprobs, _FINISH_REASONS.get(completion.finish_reason, "abort"),
+                      versions=span_versions(completion))
 
 
 def span_versions(completion: Any) -> list[int] | None:

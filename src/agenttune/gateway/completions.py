@@ -118,6 +118,8 @@ class ChatCompletions:
                 text_ids = token_ids[:-1] if token_ids[-1] in self.stop_tokens else token_ids
                 for delta in deltas.push(self.renderer.decode(text_ids)):
                     yield chunks.delta(delta)
+            if generation is None:  # the contract: a stream ends with its Generation
+                raise self._engine_failure(channel, RuntimeError("the engine's stream ended without a Generation"))
             self._check_logprobs(channel, generation)
             result = self._finish(channel, timeline, request, prompt, generation, bool(generation.token_ids),
                                   guided=sampling.guide is not None, result_id=chunks.id, created=chunks.created)
@@ -294,8 +296,9 @@ class ChatCompletions:
         A guided reply follows its grammar from the first token: it has no reasoning block (a
         `</think>` inside a JSON string is just text).
         """
-        split = self.reasoning_parser is not None and not guided
-        reasoning, content = self.reasoning_parser.split(text) if split else (None, text)
+        reasoning, content = None, text
+        if self.reasoning_parser is not None and not guided:
+            reasoning, content = self.reasoning_parser.split(text)
         parsed = self.tool_parser.parse(content) if request.parses_tool_calls else ToolParse(content)
         if parsed.errors and truncated:
             parsed = self._complete_calls(content, parsed)
@@ -312,7 +315,7 @@ class ChatCompletions:
         is dropped, and still counted as a tool-call error); otherwise all of it stays text."""
         end = getattr(self.tool_parser, "END", None)
         finished = content.rfind(end) if end else -1
-        if finished < 0:
+        if not end or finished < 0:
             return parsed
         complete = self.tool_parser.parse(content[:finished + len(end)])
         if complete.errors or not complete.calls:
@@ -327,7 +330,7 @@ class ChatCompletions:
             elif madness.repetition_loop(text_ids):
                 channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")
         if madness.WRONG_TOOLCALL in self.checks:
-            marker = getattr(self.tool_parser, "START", None)
+            marker: str = getattr(self.tool_parser, "START", "")
             without_tools = not request.tools and bool(marker) and marker in parsed.content
             problems = madness.wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
             channel.counters["tool_call_errors"] += len(problems)

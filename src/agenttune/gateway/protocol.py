@@ -175,7 +175,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     for index, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(function, dict) or not isinstance(name, str) or not name:
             raise bad_request(f"{where}[{index}] must look like {{\"id\": ..., \"type\": \"function\", "
                               "\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}.", param=where)
         arguments = function.get("arguments")

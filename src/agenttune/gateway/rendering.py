@@ -56,7 +56,7 @@ class ChatRenderer:
     # -- rendering -----------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
                add_generation_prompt: bool, template_kwargs: dict[str, Any] | None = None) -> str:
-        template = self._templates.get("tool_use" if tools and "tool_use" in self._templates else "default")
+        template = self._templates["tool_use" if tools and "tool_use" in self._templates else "default"]
         try:
             return template.render(
                 messages=[_for_template(message) for message in messages], tools=tools or None,
@@ -120,7 +120,7 @@ class ChatRenderer:
 
     def decode(self, token_ids: list[int]) -> str:
         """The reply's text, as vLLM shows it (special tokens skipped)."""
-        if self._fast_decode:
+        if self._fast_decode and self._backend is not None:
             return self._backend.decode(token_ids, skip_special_tokens=True)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 

@@ -110,7 +110,7 @@ class Gateway:
         return self
 
     async def stop(self) -> None:
-        if self._server is None:
+        if self._server is None or self._serving is None:
             return
         self._server.should_exit = True
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):

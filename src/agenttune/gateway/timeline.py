@@ -131,6 +131,7 @@ class Timeline:
 
     def _extension(self, request: ChatRequest) -> tuple[Prompt | None, str | None]:
         turn, sample = self._turn, self.current
+        assert turn is not None and sample is not None  # prompt_for calls this only after a call was recorded
         new_messages = request.messages[len(turn.messages) + 1:]
         continuation = self.renderer.continuation(turn.messages, turn.reply, new_messages, request.tools,
                                                   request.template_kwargs)
@@ -172,6 +173,7 @@ class Timeline:
     def _break_reason(self, request: ChatRequest) -> str | None:
         """Why `request` cannot extend the previous call; None when it can."""
         turn = self._turn
+        assert turn is not None  # prompt_for asks only when there is a previous call
         if self.in_flight > 1:
             return "concurrent_call"
         if request.tools != turn.tools:

@@ -80,8 +80,8 @@ class HermesToolParser(ToolParser):
         calls, errors = [], []
         for match in self._CALL.finditer(text, start):
             call, error = self._read(match.group(1))
-            if error:
-                errors.append(error)
+            if call is None:
+                errors.append(error or "unreadable tool call")
             else:
                 calls.append(call)
         if errors:
@@ -91,7 +91,7 @@ class HermesToolParser(ToolParser):
     def _read(self, body: str) -> tuple[dict[str, Any] | None, str | None]:
         try:
             payload = json.loads(body)
-        except ValueError as error:
+        except json.JSONDecodeError as error:  # what json.loads raises for any malformed text
             return None, f"tool call is not valid JSON ({error.msg}): {body.strip()[:120]!r}"
         except RecursionError:
             return None, "tool call nests JSON too deeply"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
@@ -23,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agenttune.logview.catalog import Catalog, NotFound, PathRefused
 from agenttune.logview.run_metrics import MetricsReader, charts
@@ -163,7 +162,7 @@ class SecurityHeaders:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
-        async def send_with_headers(message: dict[str, Any]) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 names = {name for name, _ in SECURITY_HEADERS}
                 headers = [(n, v) for n, v in message.get("headers", []) if n.lower() not in names]

@@ -13,9 +13,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agenttune.errors import UserError
 from agenttune.loopback import is_loopback
+
+if TYPE_CHECKING:
+    import uvicorn
 
 DEFAULT_PORT = 8181
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -91,7 +95,7 @@ class BackgroundViewer:
     """A viewer in a daemon thread (it ends with the process, or at `stop()`)."""
 
     url: str
-    _server: object
+    _server: uvicorn.Server
     _thread: threading.Thread
     _sock: socket.socket
 

@@ -183,10 +183,15 @@ def _entry_from_full_parse(line: bytes, start: int, number: int) -> Entry:
     return Entry(start, end, summarise(record, number), ((start, end),))
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    """A record's sub-object, or an empty one when the file holds something else there."""
+    return value if isinstance(value, dict) else {}
+
+
 def summarise(record: dict[str, Any], number: int) -> dict[str, Any]:
     """The row of the episode table for one record (never token arrays: they stay on disk)."""
-    task = record.get("task") if isinstance(record.get("task"), dict) else {}
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    task = _mapping(record.get("task"))
+    metrics = _mapping(record.get("metrics"))
     error = record.get("error")
     return {
         "index": number,

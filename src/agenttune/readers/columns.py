@@ -71,7 +71,8 @@ class RowMapping:
         self.options = options
         self.source = source  # the dataset path, used to pick a preset and in messages
         self.key = key  # the config key of the reader, e.g. "task_reader"
-        preset = PRESETS.get(self._preset_name(), {})
+        preset_name = self._preset_name()
+        preset = PRESETS.get(preset_name, {}) if preset_name else {}
         self.query_column = options.query_column or preset.get("query_column", "query")
         self.ground_truth_column = options.ground_truth_column or preset.get("ground_truth_column")
         self.ground_truth_after = options.ground_truth_after or preset.get("ground_truth_after")

@@ -237,7 +237,8 @@ class Snapshot:
 
     @classmethod
     def take(cls) -> Snapshot:
-        return cls({thread.ident for thread in threading.enumerate()}, set(child_processes()))
+        return cls({thread.ident for thread in threading.enumerate() if thread.ident is not None},  # (all started)
+                   set(child_processes()))
 
     def new_threads(self, *, grace_s: float = 10.0) -> list[str]:
         """Names of threads started since, still alive after up to `grace_s` (they may be winding down)."""

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
+from agenttune.config import AgentTuneConfig, ModelConfig
 from agenttune.engine import InferenceEngine
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer
@@ -20,7 +20,7 @@ from agenttune.testing import tiny_tokenizer
 
 def tiny_config(**sections: Any) -> AgentTuneConfig:
     """A config for the tiny model; keyword arguments are top-level sections, e.g. rollout={...}."""
-    model = {"path": "tiny://default", **sections.pop("model", {})}
+    model = ModelConfig.model_validate({"path": "tiny://default", **sections.pop("model", {})})
     return AgentTuneConfig(model=model, **sections)
 
 

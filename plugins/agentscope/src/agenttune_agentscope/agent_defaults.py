@@ -38,7 +38,7 @@ def install() -> None:
             _wrap_init(Agent, _adjust_v2_agent)
 
 
-def _wrap_init(cls: type, adjust: Callable[[dict[str, Any]], None]) -> None:
+def _wrap_init(cls: type[Any], adjust: Callable[[dict[str, Any]], None]) -> None:
     original = cls.__init__
     if getattr(original, _WRAPPED, False):
         return
@@ -55,7 +55,7 @@ def _wrap_init(cls: type, adjust: Callable[[dict[str, Any]], None]) -> None:
 
 
 def _resolve_tuner(arguments: dict[str, Any]) -> None:
-    model = arguments.get("model")
+    model: Any = arguments.get("model")
     if _is_tuner(model):
         arguments["model"] = model.as_model("agentscope", agent=arguments.get("name"))
 

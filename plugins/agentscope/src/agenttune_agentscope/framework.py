@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agenttune.agent_framework import AgentFramework
-from agenttune.errors import UserError
+from agenttune.plugin_api import AgentFramework, UserError
 from agenttune_agentscope.options import AgentScopeOptions
 from agenttune_agentscope.version import agentscope_line
 
 if TYPE_CHECKING:
-    from agenttune.tuner import ModelTuner
+    from agenttune.plugin_api import ModelTuner
 
 # The client is agenttune's (it knows the gateway and the episode key); these would be ignored.
 _CLIENT_ARGUMENTS = ("client_args", "client_kwargs", "credential", "api_key")
@@ -48,7 +47,7 @@ class AgentScopeFramework(AgentFramework):
         install()  # also when no backbone called setup(), e.g. a workflow driven from a test
         options = _options(tuner)
         stream = options.stream if stream is None else stream
-        common = {"agent": agent, "api_key": tuner.api_key_for(agent), "stream": stream}
+        common: dict[str, Any] = {"agent": agent, "api_key": tuner.api_key_for(agent), "stream": stream}
         if agentscope_line() == 1:
             from agenttune_agentscope import v1
 

@@ -5,7 +5,7 @@ Light on purpose: AgentScope itself is imported only when a model is built.
 
 from __future__ import annotations
 
-from agenttune import hookimpl
+from agenttune.plugin_api import hookimpl
 
 
 @hookimpl

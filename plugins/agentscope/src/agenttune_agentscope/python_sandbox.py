@@ -82,12 +82,12 @@ async def run_python(code: str, limits: PythonLimits = PythonLimits()) -> Python
                 timed_out = True
             finally:
                 _kill_group(process.pid)  # also whatever the code started in the background
-                await process.wait()
+                returncode = await process.wait()
         out = _read(workdir / "stdout", limits.shown_chars)
         err = _read(workdir / "stderr", limits.shown_chars)
         flooded = (workdir / "stdout").stat().st_size >= limits.file_mb << 20
-    explanation = _explain(process.returncode, timed_out, flooded, limits)
-    return PythonRun(process.returncode, out, err + explanation, timed_out)
+    explanation = _explain(returncode, timed_out, flooded, limits)
+    return PythonRun(returncode, out, err + explanation, timed_out)
 
 
 def _child_env() -> dict[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from agenttune.errors import UserError
+from agenttune.plugin_api import UserError
 
 SUPPORTED_LINES = (1, 2)
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agenttune.errors import UserError
+from agenttune.plugin_api import UserError
 
 if TYPE_CHECKING:
-    from agenttune.tuner import ModelTuner
+    from agenttune.plugin_api import ModelTuner
 
 # AWorld retries a failed LLM call after 10 s, 20 s, ...; agenttune does not retry: a retried call is a
 # second, different sample of the same turn, and a failure should end the episode with its status.

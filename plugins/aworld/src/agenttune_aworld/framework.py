@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agenttune.agent_framework import AgentFramework
+from agenttune.plugin_api import AgentFramework
 
 if TYPE_CHECKING:
-    from agenttune.tuner import ModelTuner
+    from agenttune.plugin_api import ModelTuner
 
 LOG_FOLDER = "aworld_logs"
 

@@ -5,7 +5,7 @@ Light on purpose: AWorld itself is imported only when an agent runs.
 
 from __future__ import annotations
 
-from agenttune import hookimpl
+from agenttune.plugin_api import hookimpl
 
 
 @hookimpl

@@ -29,9 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agenttune.errors import UserError
-from agenttune.judge import Judge, JudgeInput, JudgeResult
-from agenttune.references import load_reference
+from agenttune.plugin_api import Judge, JudgeInput, JudgeResult, UserError, load_reference
 
 SIGNATURE = "(data_source, solution_str, ground_truth, extra_info)"
 
@@ -133,6 +131,9 @@ def _from_file(path: Path, name: str, spec: str) -> Any:
         raise UserError(f"judge.function: {str(path)!r} does not exist.",
                         hint="Relative paths start at the current directory.")
     module_spec = importlib.util.spec_from_file_location(f"agenttune_reward_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:  # not a file Python can import (e.g. no .py)
+        raise UserError(f"judge.function: {str(path)!r} is not a Python module.",
+                        hint="Point it at a .py file ('path/to/file.py:name') or a module ('package.module:name').")
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)

@@ -23,13 +23,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agenttune.config_loader import load_config
-from agenttune.errors import UserError
-from agenttune.in_process import reference_for
-from agenttune.trainer import Trainer, with_changes
+from agenttune.plugin_api import Trainer, UserError, load_config, reference_for, with_changes
 
 if TYPE_CHECKING:
-    from agenttune.run import Run
+    from agenttune.plugin_api import Run
 
 WORKFLOW = "agenttune_aworld.workflow:AgentWorkflow"
 
@@ -76,7 +73,7 @@ def agent_reference(agent: Any) -> str:
         text = os.fspath(agent)
         if text.endswith((".yaml", ".yml")):
             return reference_for(_agent_from_file(text), label="agent")
-        from agenttune.references import load_reference
+        from agenttune.plugin_api import load_reference
 
         load_reference(text, key="agent")  # a wrong reference fails here, not in every episode
         return text
@@ -90,7 +87,7 @@ def reward_judge(reward_func: Any, config: Any) -> tuple[type | str | None, dict
     judge; an agenttune Judge class, 'module:JudgeClass' or a judge name is used as it is; None keeps
     the config's judge.
     """
-    from agenttune.judge import Judge
+    from agenttune.plugin_api import Judge
 
     if reward_func is None:
         if config.judge.type is None and not config.judge.judge_protocol:
@@ -121,7 +118,7 @@ def _loaded_or_none(text: str) -> Any:
         return text
     if ":" not in text and "->" not in text:
         return None
-    from agenttune.references import load_reference
+    from agenttune.plugin_api import load_reference
 
     return load_reference(text, key="reward_func")
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agenttune.errors import UserError
-from agenttune.workflow import Workflow, WorkflowOutput
+from agenttune.plugin_api import UserError, Workflow, WorkflowOutput
 
 if TYPE_CHECKING:
-    from agenttune.task import Task
-    from agenttune.tuner import ModelTuner
+    from agenttune.plugin_api import ModelTuner, Task
 
 
 class AgentRunError(RuntimeError):
@@ -81,7 +79,7 @@ class AgentWorkflow(Workflow):
 
 def configured_agent(config: Any) -> Any:
     """The agent (or agent factory) that the `aworld.agent` reference names."""
-    from agenttune.references import load_reference
+    from agenttune.plugin_api import load_reference
 
     reference = getattr(config.section("aworld"), "agent", None)
     if not reference:

@@ -7,14 +7,16 @@ from collections.abc import Iterator
 import pytest
 from agenttune_gsm8k.judges import MathAndLLMJudge
 
-from agenttune.config import JudgeConfig
-from agenttune.config_loader import component_options
-from agenttune.errors import UserError
-from agenttune.judge import JudgeInput
-from agenttune.judges.llm_judge import LLMJudgeError
-from agenttune.task import Task
+from agenttune.plugin_api import (
+    JudgeConfig,
+    JudgeInput,
+    LLMJudgeError,
+    Task,
+    UserError,
+    WorkflowOutput,
+    component_options,
+)
 from agenttune.testing.judge_server import Reply, ScriptedChatServer
-from agenttune.workflow import WorkflowOutput
 
 
 @pytest.fixture

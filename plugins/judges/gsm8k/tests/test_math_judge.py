@@ -9,13 +9,16 @@ from typing import Any
 import pytest
 from agenttune_gsm8k.judges import GSM8KJudge, MathJudge, MathJudgeOptions, MissingGroundTruth
 
-from agenttune.config import JudgeConfig, TaskReaderConfig
-from agenttune.config_loader import component_options
-from agenttune.judge import JudgeInput
-from agenttune.plugins import get_component
-from agenttune.task import Task
+from agenttune.plugin_api import (
+    JudgeConfig,
+    JudgeInput,
+    Task,
+    TaskReaderConfig,
+    WorkflowOutput,
+    component_options,
+    get_component,
+)
 from agenttune.testing.gsm8k import GSM8K_ROWS as FIRST_TRAIN_ROWS
-from agenttune.workflow import WorkflowOutput
 
 GSM8K_ROWS = [
     *FIRST_TRAIN_ROWS,  # and two with answers GSM8K writes less often: a thousands separator, a decimal
@@ -119,7 +122,7 @@ def test_registered_under_both_names_with_validated_options() -> None:
     assert issubclass(GSM8KJudge, MathJudge)
     options = component_options(MathJudge, JudgeConfig(type="math", answer_format="boxed"), "judge")
     assert options.answer_format == "boxed"
-    from agenttune.errors import UserError
+    from agenttune.plugin_api import UserError
 
     with pytest.raises(UserError, match="answer_format"):
         component_options(MathJudge, JudgeConfig(type="math", answer_format="latex"), "judge")
@@ -158,8 +161,7 @@ def test_gsm8k_rows_need_no_column_settings_and_are_judged_right(tmp_path: Path,
 
 
 def test_format_compliance_becomes_a_step_metric(judge: MathJudge) -> None:
-    from agenttune.episode import Episode
-    from agenttune.metrics import step_metrics
+    from agenttune.plugin_api import Episode, step_metrics
 
     answers = [r"\boxed{72}", "#### 72", "72 clips", r"\boxed{70}"]
     episodes = []

@@ -5,13 +5,11 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agenttune.backbone import Backbone, missing_validation_split
-from agenttune.errors import UserError
+from agenttune.plugin_api import Backbone, UserError, missing_validation_split
 from agenttune_trinity.translation import TrinityPaths, generated_config, trinity_config
 
 if TYPE_CHECKING:
-    from agenttune.config import AgentTuneConfig
-    from agenttune.run import Run
+    from agenttune.plugin_api import AgentTuneConfig, Run
 
 
 class TrinityBackbone(Backbone):
@@ -33,7 +31,7 @@ class TrinityBackbone(Backbone):
         return trinity_config(config, TrinityPaths.placeholder(config))
 
     def run(self, run: Run) -> None:
-        from agenttune.components import resolve
+        from agenttune.plugin_api import resolve
         from agenttune_trinity.launch import launch
 
         launch(run, resolve(run.config))

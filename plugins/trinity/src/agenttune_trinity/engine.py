@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from agenttune.engines.openai import OpenAIEngine, OpenAIEngineOptions
-from agenttune.errors import UserError
+from agenttune.plugin_api import OpenAIEngine, OpenAIEngineOptions, UserError
 
 
 class TrinityEngine(OpenAIEngine):

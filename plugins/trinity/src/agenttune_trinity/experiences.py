@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agenttune.episode import Episode, Sample, fit_all, record_fitting
-from agenttune.metrics import step_metrics
+from agenttune.plugin_api import Episode, Sample, fit_all, record_fitting, step_metrics
 
 
 def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,

@@ -20,10 +20,7 @@ from typing import Any
 
 import yaml
 
-from agenttune.components import Components
-from agenttune.errors import UserError
-from agenttune.model_loading import resolve_model_path
-from agenttune.run import Run, get_logger
+from agenttune.plugin_api import Components, Run, UserError, get_logger, resolve_model_path
 from agenttune_trinity.taskset import write_taskset
 from agenttune_trinity.translation import TrinityPaths, total_gpus, trinity_config, validates
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from trinity.utils.monitor import MONITOR, Monitor
 
-from agenttune.metrics import MetricsLog
+from agenttune.plugin_api import MetricsLog
 
 
 class AgentTuneMonitor(Monitor):
@@ -54,7 +54,7 @@ def _scalar(value: Any) -> float | None:
     """A plain number for JSON: Python, numpy and 0-d torch numbers; None for anything else."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, numbers.Number):
+    if isinstance(value, numbers.Real):  # (a complex number has no float)
         return float(value)
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 1) == 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agenttune.hookspecs import hookimpl
+from agenttune.plugin_api import hookimpl
 
 
 @hookimpl

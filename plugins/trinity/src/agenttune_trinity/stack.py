@@ -17,10 +17,7 @@ from typing import Any
 
 import yaml
 
-from agenttune.config import AgentTuneConfig
-from agenttune.errors import UserError
-from agenttune.run import Run, configure_logging
-from agenttune.session import RolloutSession
+from agenttune.plugin_api import AgentTuneConfig, RolloutSession, Run, UserError, configure_logging
 from agenttune_trinity.engine import TrinityEngine
 
 
@@ -47,7 +44,7 @@ def load_run_config(run_dir: Path, source_dir: str | None = None) -> AgentTuneCo
 
     Environment variables are not consulted again: the run is what the driver resolved.
     """
-    from agenttune.config_loader import config_model
+    from agenttune.plugin_api import config_model
 
     path = run_dir / "config.yaml"
     if not path.exists():
@@ -80,7 +77,7 @@ async def close_all() -> None:
 
 
 async def _open(model: Any, run_dir: Path, source_dir: str | None) -> AgentTuneStack:
-    from agenttune.session import rollout_session
+    from agenttune.plugin_api import rollout_session
 
     config = load_run_config(run_dir, source_dir)
     configure_logging(run_dir / "log.jsonl")

@@ -16,9 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agenttune.errors import UserError
-from agenttune.task import Task
-from agenttune.task_reader import TaskReader
+from agenttune.plugin_api import Task, TaskReader, UserError
 
 TASK_COLUMN = "agenttune_task"
 

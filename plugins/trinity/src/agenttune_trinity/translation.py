@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
-from agenttune.errors import UserError
+from agenttune.plugin_api import AgentTuneConfig, UserError
 
 # The Trinity workflow that runs agenttune workflows, by dotted path: Trinity imports it in each of
 # its workflow-runner processes (`WORKFLOWS.get("pkg.mod.Class")`), nothing has to be pre-registered.

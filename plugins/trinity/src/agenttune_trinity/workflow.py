@@ -16,9 +16,7 @@ from typing import Any
 from trinity.common.workflows import WORKFLOWS
 from trinity.common.workflows.workflow import Task, Workflow
 
-from agenttune.engine import SamplingParams
-from agenttune.episode import Episode
-from agenttune.rollout_log import RolloutLog, TokenText, to_record
+from agenttune.plugin_api import Episode, RolloutLog, SamplingParams, TokenText, to_record
 from agenttune_trinity.experiences import group_experiences
 from agenttune_trinity.stack import AgentTuneStack, stack_for
 from agenttune_trinity.taskset import task_from_row
@@ -53,10 +51,9 @@ class AgentTuneWorkflow(Workflow):
         episodes = await stack.session.rollout.run_tasks([task], num_repeat=self.repeat_times,
                                                           sampling=self.sampling())
         write_rollout_log(stack, episodes, step=self.step(), split=VALIDATION if self.task.is_eval else TRAIN)
-        data = stack.session.config.data
         experiences = group_experiences(episodes, run_id_base=self.run_id_base,
                                         pad_token_id=pad_token_id(stack.session.tokenizer),
-                                        limits=(data.max_prompt_length, data.max_response_length))
+                                        limits=stack.session.config.data.length_limits())
         if not experiences:
             # Trinity records the task as failed (and may retry it); say why in its log.
             raise RuntimeError(f"every episode of task {task.task_id!r} failed: " + "; ".join(

@@ -26,9 +26,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
-from agenttune.engine import SamplingParams
-from agenttune.episode import Episode
-from agenttune.run import get_logger
+from agenttune.plugin_api import Episode, SamplingParams, get_logger
 from agenttune_verl.dataset import task_from_row
 from agenttune_verl.engine import VerlEngine
 from agenttune_verl.outputs import Limits, episode_outputs
@@ -101,8 +99,7 @@ class WorkerRuntime:
         cls._creating.pop(loop_id, None)
 
     async def start(self) -> None:
-        from agenttune.config_loader import load_config
-        from agenttune.session import rollout_session
+        from agenttune.plugin_api import load_config, rollout_session
 
         self.config = load_config(self.settings.agenttune_config)
         if self.settings.source_dir:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, ClassVar
 
-from agenttune.backbone import Backbone, missing_validation_split
-from agenttune.config import AgentTuneConfig
-from agenttune.errors import UserError
-from agenttune.run import Run
+from agenttune.plugin_api import AgentTuneConfig, Backbone, Run, UserError, missing_validation_split
 from agenttune_verl.translation import VerlPaths, total_gpus
 
 # verl's FSDP optimiser schedules (verl.workers.config.FSDPOptimizerConfig)
@@ -40,7 +37,7 @@ class VerlBackbone(Backbone):
         return resolved(build_verl_config(config, VerlPaths.placeholder(config)))
 
     def run(self, run: Run) -> None:
-        from agenttune.components import resolve
+        from agenttune.plugin_api import resolve
         from agenttune_verl.launch import prepare, ray_cluster, run_trainer
 
         components = resolve(run.config)

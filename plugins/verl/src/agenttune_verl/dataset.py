@@ -19,8 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agenttune.errors import UserError
-from agenttune.task import Task
+from agenttune.plugin_api import Task, UserError
 from agenttune_verl.translation import AGENT_LOOP_NAME
 
 

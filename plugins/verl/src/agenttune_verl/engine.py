@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import uuid4
 
-from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+from agenttune.plugin_api import FinishReason, Generation, InferenceEngine, SamplingParams
 
 # TokenOutput.stop_reason ("completed", "length", "aborted", or None) -> agenttune's finish reason
 _FINISH_REASONS: dict[str | None, FinishReason] = {

@@ -26,12 +26,15 @@ from typing import Any
 
 import yaml
 
-from agenttune.components import Components
-from agenttune.config import AgentTuneConfig
-from agenttune.errors import UserError
-from agenttune.metrics import MetricsLog
-from agenttune.rollout_log import RolloutLog
-from agenttune.run import Run, get_logger
+from agenttune.plugin_api import (
+    AgentTuneConfig,
+    Components,
+    MetricsLog,
+    RolloutLog,
+    Run,
+    UserError,
+    get_logger,
+)
 from agenttune_verl.dataset import write_tasks
 from agenttune_verl.metrics_bridge import MetricsFollower
 from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus

@@ -15,10 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agenttune.episode import Episode
-from agenttune.metrics import MetricsLog, step_metrics
-from agenttune.rollout_log import RolloutLog, read_records
-from agenttune.run import get_logger
+from agenttune.plugin_api import Episode, MetricsLog, RolloutLog, get_logger, read_records, step_metrics
 from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
 
 log = get_logger("verl.metrics")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.episode import Episode, Sample, fit_all, record_fitting
+from agenttune.plugin_api import Episode, Sample, fit_all, record_fitting
 from agenttune_verl.engine import RequestStats
 
 # Per episode in the rollout log; the metrics bridge sums it per step as `train/failed_episodes_skipped`.

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agenttune.episode import Episode
-from agenttune.rollout_log import RolloutLog
+from agenttune.plugin_api import Episode, RolloutLog
 
 
 class LockedRolloutLog(RolloutLog):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
+from agenttune.plugin_api import AgentTuneConfig
 
 AGENT_LOOP_NAME = "agenttune"
 
@@ -76,7 +76,7 @@ def _loggers(config: AgentTuneConfig) -> list[str]:
 
 
 def _max_token_len_per_gpu(config: AgentTuneConfig) -> int:
-    one_sequence = config.data.max_prompt_length + config.data.max_response_length
+    one_sequence = sum(config.data.length_limits())
     return max(VERL_DEFAULT_MAX_TOKEN_LEN_PER_GPU, one_sequence)
 
 
@@ -111,6 +111,11 @@ def _t(verl_key: str, source: str, value: Value) -> Translation:
     return Translation(verl_key, source, value)
 
 
+def _correction_option(name: str) -> Value:
+    """algorithm.rollout_correction.<name>: verl's option names are agenttune's."""
+    return lambda c, p: getattr(c.algorithm.rollout_correction, name)
+
+
 TRANSLATIONS: tuple[Translation, ...] = (
     # algorithm: GRPO, group size = num_repeat
     _t("algorithm.adv_estimator", "algorithm.adv_estimator", lambda c, p: c.algorithm.adv_estimator),
@@ -129,8 +134,7 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode",
        lambda c, p: c.algorithm.loss_agg_mode),
     # rollout correction: the same option names on both sides (agenttune took verl's)
-    *(_t(f"algorithm.rollout_correction.{name}", f"algorithm.rollout_correction.{name}",
-         lambda c, p, name=name: getattr(c.algorithm.rollout_correction, name))
+    *(_t(f"algorithm.rollout_correction.{name}", f"algorithm.rollout_correction.{name}", _correction_option(name))
       for name in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
                    "rollout_rs_threshold", "bypass_mode", "loss_type")),
     # model

@@ -13,8 +13,7 @@ import difflib
 from collections.abc import Iterator
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
-from agenttune.errors import UserError
+from agenttune.plugin_api import AgentTuneConfig, UserError
 from agenttune_verl.translation import VerlPaths, translated_values
 
 VERL_CONFIG_MODULE = "verl.trainer.config"

@@ -17,11 +17,14 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agenttune.errors import UserError
+
+if TYPE_CHECKING:
+    from agenttune.backbones.local.policy import Policy
 
 PREFIX = "step_"
 
@@ -57,7 +60,7 @@ def save_checkpoint(
     checkpoints: Path,
     state: CheckpointState,
     *,
-    model: torch.nn.Module,
+    model: Policy,
     tokenizer: Any,
     trainer_state: dict[str, Any],
     keep: int,
@@ -66,7 +69,7 @@ def save_checkpoint(
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    model.save_pretrained(staging / "model")
+    model.save_pretrained(str(staging / "model"))
     if tokenizer is not None:
         tokenizer.save_pretrained(staging / "model")
     torch.save(trainer_state, staging / "trainer.pt")

@@ -20,7 +20,13 @@ import torch
 from agenttune.backbones.local import checkpoint as checkpoints
 from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
 from agenttune.backbones.local.monitor import Trackers
-from agenttune.backbones.local.policy import count_parameters, load_policy, reference_scope, resolve_device
+from agenttune.backbones.local.policy import (
+    Policy,
+    count_parameters,
+    load_policy,
+    reference_scope,
+    resolve_device,
+)
 from agenttune.backbones.local.progress import TrainingProgress
 from agenttune.backbones.local.report import PLOT_NAME, plot_curves, summary_table
 from agenttune.backbones.local.task_order import TaskOrder
@@ -40,7 +46,7 @@ log = get_logger("local")
 class Setup:
     """Everything built before the first rollout."""
 
-    model: torch.nn.Module
+    model: Policy
     tokenizer: Any
     trainer: GRPOTrainer
     order: TaskOrder
@@ -84,7 +90,7 @@ def prepare(run: Run) -> Setup:
     log.info("policy loaded", device=str(device), dtype=str(next(model.parameters()).dtype),
              trainable_parameters=trainable, parameters=total, lora=config.local.lora_rank > 0)
     if resume_from is None and config.local.warmup.data:
-        _warm_up(run, model, tokenizer)
+        _warm_up(run, model, tokenizer, config.local.warmup.data)
     trainer = GRPOTrainer(model, config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
                           reference=reference_scope(config, model, device))
     start_step, pending = 0, []
@@ -139,12 +145,12 @@ def _json_line(record: dict[str, Any]) -> str:
     return json.dumps(record) + "\n"
 
 
-def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any) -> None:
+def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any, data: str) -> None:
     from agenttune.backbones.local.warmup import demonstration_item, read_conversations, supervised_warmup
 
     config = run.config
     warmup = config.local.warmup
-    conversations = read_conversations(warmup.data)
+    conversations = read_conversations(data)
     needed = warmup.steps * warmup.batch_size
     if needed < len(conversations):  # render only what the warm-up will see
         conversations = random.Random(config.trainer.seed).sample(conversations, needed)

@@ -5,12 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
 from agenttune.model_loading import resolve_model_path, torch_dtype
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+Policy: TypeAlias = "PreTrainedModel | PeftModel"  # a Hugging Face model, with a LoRA adapter or not
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -22,7 +29,7 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def load_pretrained(path: str, config: AgentTuneConfig, device: torch.device) -> torch.nn.Module:
+def load_pretrained(path: str, config: AgentTuneConfig, device: torch.device) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -34,10 +41,12 @@ def load_pretrained(path: str, config: AgentTuneConfig, device: torch.device) ->
     except OSError as error:
         raise UserError(f"Cannot load the model from {path!r}: {error}",
                         hint="Check model.path (a local directory with config.json and weights).") from error
-    return model.to(device)
+    # transformers declares PreTrainedModel.to with @wraps(nn.Module.to); mypy then reads the bound
+    # method as the unbound one and takes `device` for `self`.
+    return model.to(device)  # type: ignore[arg-type]
 
 
-def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Path | None = None) -> torch.nn.Module:
+def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Path | None = None) -> Policy:
     """The trainable policy: the base model, or a checkpoint's weights, with LoRA when configured.
 
     `checkpoint` is a checkpoint's `model/` directory: full weights, or a LoRA adapter on the base model.
@@ -45,9 +54,8 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
     local = config.local
     lora = local.lora_rank > 0
     weights = str(checkpoint) if checkpoint is not None and not lora else resolve_model_path(config.model.path)
-    model = load_pretrained(weights, config, device)
-    if lora:
-        model = _with_lora(model, config, adapter=checkpoint)
+    base = load_pretrained(weights, config, device)
+    model: Policy = _with_lora(base, config, adapter=checkpoint) if lora else base
     if local.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora:
@@ -56,7 +64,7 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
     return model
 
 
-def _with_lora(model: torch.nn.Module, config: AgentTuneConfig, *, adapter: Path | None) -> torch.nn.Module:
+def _with_lora(model: PreTrainedModel, config: AgentTuneConfig, *, adapter: Path | None) -> PeftModel:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     local = config.local
@@ -72,7 +80,7 @@ def _with_lora(model: torch.nn.Module, config: AgentTuneConfig, *, adapter: Path
     return get_peft_model(model, lora_config)
 
 
-def reference_scope(config: AgentTuneConfig, policy: torch.nn.Module, device: torch.device):
+def reference_scope(config: AgentTuneConfig, policy: Policy, device: torch.device):
     """How to get reference log-probs for the KL penalty, or None when `algorithm.kl_coef` is 0.
 
     With LoRA the reference is the policy with its adapter switched off (no second copy of the
@@ -81,6 +89,10 @@ def reference_scope(config: AgentTuneConfig, policy: torch.nn.Module, device: to
     if config.algorithm.kl_coef <= 0:
         return None
     if config.local.lora_rank > 0:
+        from peft import PeftModel
+
+        assert isinstance(policy, PeftModel)  # load_policy wrapped it (lora_rank > 0)
+
         @contextmanager
         def adapter_off() -> Iterator[torch.nn.Module]:
             with policy.disable_adapter():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -50,7 +52,7 @@ class TrainingProgress:
         self.progress.update(self.task, phase=text)
 
     def step_done(self, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        fields = {"epoch": epoch, "phase": ""}
+        fields: dict[str, Any] = {"epoch": epoch, "phase": ""}
         if "reward/mean" in metrics:
             fields["reward"] = f"{metrics['reward/mean']:.3f}"
         if "success_rate" in metrics:

@@ -133,21 +133,21 @@ def _mismatch(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
 
 def normalize(corrections: list[Correction], level: str | None) -> float:
     """Scale every weight so the step's mean weight is 1 (per token, or per sequence); returns the factor."""
-    present = [c for c in corrections if c.weights is not None]
+    present = [(c, c.weights) for c in corrections if c.weights is not None]
     if not present or level is None:
         return 1.0
     if level == "token":
-        total = sum(float((c.weights * c.mask).sum()) for c in present)
-        count = sum(float(c.mask.sum()) for c in present)
+        total = sum(float((weights * c.mask).sum()) for c, weights in present)
+        count = sum(float(c.mask.sum()) for c, _ in present)
     else:
-        rows = [(c.weights * c.mask).sum(-1) / c.mask.sum(-1).clamp(min=1) for c in present]
-        valid = [c.mask.sum(-1) > 0 for c in present]
+        rows = [(weights * c.mask).sum(-1) / c.mask.sum(-1).clamp(min=1) for c, weights in present]
+        valid = [c.mask.sum(-1) > 0 for c, _ in present]
         total = sum(float(r[v].sum()) for r, v in zip(rows, valid, strict=True))
         count = sum(float(v.sum()) for v in valid)
     mean = total / count if count else 0.0
     if mean > 1e-8:
-        for correction in present:
-            correction.weights = correction.weights / mean
+        for correction, weights in present:
+            correction.weights = weights / mean
         return mean
     return 1.0
 

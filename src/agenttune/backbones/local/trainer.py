@@ -63,11 +63,12 @@ class GRPOTrainer:
     def step(self, episodes: list[Episode]) -> dict[str, float]:
         """Update the policy on these episodes; return the step's training metrics (`train/...`)."""
         started = time.perf_counter()
-        algorithm, data = self.config.algorithm, self.config.data
+        algorithm = self.config.algorithm
+        max_prompt_length, max_response_length = self.config.data.length_limits()
         advantages = group_advantages(episodes, norm_by_std=algorithm.norm_adv_by_std)
         items, item_stats = build_items(
             episodes, advantages.by_episode,
-            max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
+            max_prompt_length=max_prompt_length, max_response_length=max_response_length,
         )
         metrics = {
             "train/groups": float(advantages.num_groups),
@@ -90,7 +91,7 @@ class GRPOTrainer:
         with warnings.catch_warnings():  # a step without an update still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
-        _warn_about_lengths(item_stats, data.max_prompt_length, data.max_response_length)
+        _warn_about_lengths(item_stats, max_prompt_length, max_response_length)
         elapsed = time.perf_counter() - started
         metrics["perf/train_time_s"] = elapsed
         metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / elapsed if elapsed else 0.0

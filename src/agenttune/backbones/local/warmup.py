@@ -110,7 +110,7 @@ def supervised_warmup(
     model.train()
     for step in range(1, steps + 1):
         started = time.perf_counter()
-        batch = []
+        batch: list[TrainItem] = []
         while len(batch) < batch_size:
             if not order:
                 order = list(range(len(items)))

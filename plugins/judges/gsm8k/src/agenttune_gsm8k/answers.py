@@ -24,7 +24,7 @@ PLAIN_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)(/\d+)?$")
 
 def boxed_contents(text: str) -> list[str]:
     """The contents of every `\\boxed{...}` (and `\\fbox{...}`), braces balanced, in order."""
-    found = []
+    found: list[str] = []
     index = 0
     while True:
         starts = [(text.find(opener, index), opener) for opener in BOXED_OPENERS]

@@ -18,8 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.judge import Judge, JudgeInput, JudgeResult
-from agenttune.judges.llm_judge import LLMJudge, LLMJudgeOptions
+from agenttune.plugin_api import Judge, JudgeInput, JudgeResult, LLMJudge, LLMJudgeOptions
 from agenttune_gsm8k.answers import answer_text, ground_truth, same_answer, strict_answer
 from agenttune_gsm8k.verifier import MathVerifier
 

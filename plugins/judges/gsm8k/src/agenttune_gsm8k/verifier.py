@@ -114,7 +114,8 @@ class MathVerifier:
                 worker = self._take()
             except WorkerFailed as error:
                 self._unavailable = str(error)
-                from agenttune.run import get_logger  # here: importing it costs `agenttune --help` 0.1 s
+                # here: importing it costs `agenttune --help` 0.1 s
+                from agenttune.plugin_api import get_logger
 
                 get_logger("gsm8k.verifier").warning("math-verify cannot run; answers are checked strictly",
                                                      error=str(error))
