@@ -162,9 +162,11 @@ class StuckEngine(InferenceEngine):
     """Never answers; notes each call that was cancelled (what an episode timeout must do to it)."""
 
     def __init__(self):
+        self.started: list[str] = []
         self.cancelled: list[str] = []
 
     async def generate(self, prompt_ids, sampling, *, request_id=None) -> Generation:
+        self.started.append(request_id)
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -176,7 +178,8 @@ class StuckEngine(InferenceEngine):
 @pytest.mark.slow
 async def test_an_episode_that_times_out_in_a_worker_cancels_its_engine_call():
     stuck = StuckEngine()
-    config = config_with(processes=2, episode_timeout=1)
+    # 4 s: the worker process must start and make its call before the timeout, also on a loaded machine.
+    config = config_with(processes=2, episode_timeout=4)
     async with running_gateway(stuck, config=config) as gateway:
         async with RolloutEngine(config, gateway, WhereWorkflow, AnswerJudge()) as rollout:
             [episode] = await rollout.run_tasks(tasks("ok"))
@@ -185,4 +188,5 @@ async def test_an_episode_that_times_out_in_a_worker_cancels_its_engine_call():
                 await asyncio.sleep(0.05)
             cancelled = list(stuck.cancelled)  # before stopping the workers, which would cancel it too
     assert episode.status is EpisodeStatus.TIMEOUT, episode.error
+    assert stuck.started == [episode.episode_id], "the episode's call never reached the engine before it timed out"
     assert cancelled == [episode.episode_id]  # the trainer's engine stopped generating for it

@@ -6,6 +6,10 @@ budget, and leaves the batch (and returns to its caller) as soon as it finishes.
 arrive while a batch decodes join it at the next step (continuous batching, up to `max_batch_size`
 rows): their prompts are prefilled together and their KV cache is left-padded to the batch's and
 appended — a multi-turn agent's second turn does not wait for the other episodes' first turns.
+A decode step is one forward pass, one batched sampling (`engines/sampling.py`: per-row settings
+as tensors built when rows join or leave) and one device-to-host copy of the step's tokens and
+logprobs; stop tokens and stop strings are then checked on the host, stop strings only for rows
+that have them and only on the new text's tail.
 
 The engine can share an already-loaded model (the local backbone trains the same object in
 process, so rollouts always see the current weights without a copy). Asynchronous training gives it
