@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from agenttune.engine import SamplingParams
+from agenttune.engines.base import SamplingParams
 from agenttune.episode import Episode, EpisodeStatus
-from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.rollout_gc import rollout_gc
 from agenttune.run import get_logger
 from agenttune.task import Task

@@ -29,9 +29,9 @@ from agenttune.tuner import FrameworkLoader
 if TYPE_CHECKING:
     from agenttune.components import Components
     from agenttune.config import AgentTuneConfig
-    from agenttune.engine import InferenceEngine
+    from agenttune.engines.base import InferenceEngine
     from agenttune.episode import Episode
-    from agenttune.judge import Judge
+    from agenttune.judges.base import Judge
     from agenttune.run import Run
 
 VALIDATION = "validation"
@@ -94,8 +94,7 @@ async def rollout_session(
     `engine`/`tokenizer`: bring your own (otherwise built from `config.engine` / `config.model`).
     `max_parallel`: episodes at once (default `rollout.max_env_worker`).
     """
-    from agenttune.components import resolve
-    from agenttune.engines import build_engine
+    from agenttune.components import build_engine, resolve
     from agenttune.gateway import Gateway
     from agenttune.model_loading import load_tokenizer
 

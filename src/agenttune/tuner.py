@@ -14,8 +14,8 @@ from agenttune.errors import UserError
 if TYPE_CHECKING:
     import openai
 
-    from agenttune.agent_framework import AgentFramework
     from agenttune.config import AgentTuneConfig
+    from agenttune.frameworks.base import AgentFramework
     from agenttune.gateway import EpisodeChannel
     from agenttune.task import Task
 

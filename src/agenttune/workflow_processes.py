@@ -32,7 +32,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import EpisodeRecord
 from agenttune.message_pipe import MessagePipe, open_pipe

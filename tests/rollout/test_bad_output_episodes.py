@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agenttune import Judge, JudgeInput, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engine import Generation
+from agenttune.engines.base import Generation
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.episode import EpisodeStatus, Sample
 from agenttune.rollout import RolloutEngine

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engine import Generation, InferenceEngine
+from agenttune.engines.base import Generation, InferenceEngine
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.episode import EpisodeStatus
 from agenttune.errors import UserError

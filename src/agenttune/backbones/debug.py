@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from agenttune.backbone import Backbone
+from agenttune.backbones.base import Backbone
 
 if TYPE_CHECKING:
     from rich.console import Console

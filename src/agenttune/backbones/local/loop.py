@@ -192,7 +192,7 @@ def _seed_everything(seed: int) -> None:
 
 # -- the loop ---------------------------------------------------------------------------------------
 async def training_loop(run: Run, setup: Setup) -> None:
-    from agenttune.engines import build_engine, engine_class
+    from agenttune.components import build_engine, engine_class
     from agenttune.session import rollout_session
 
     config = run.config
