@@ -45,16 +45,16 @@ if TYPE_CHECKING:
     from agenttune.in_process import keep, reference_for
     from agenttune.judges.base import Judge, JudgeInput, JudgeResult
     from agenttune.judges.llm_judge import LLMJudge, LLMJudgeError, LLMJudgeOptions
-    from agenttune.metrics import MetricsLog, step_metrics
     from agenttune.model_loading import resolve_model_path
     from agenttune.plugins import get_component, get_plugin_manager, registered_plugin
     from agenttune.readers.base import TaskReader
     from agenttune.references import load_reference
-    from agenttune.rollout import RolloutEngine
-    from agenttune.rollout_log import RolloutLog, TokenText, read_records, to_record
+    from agenttune.rollout.engine import RolloutEngine
+    from agenttune.rollout.log import RolloutLog, TokenText, read_records, to_record
+    from agenttune.rollout.metrics import MetricsLog, step_metrics
+    from agenttune.rollout.session import RolloutSession, rollout_session
     from agenttune.run import Run, configure_logging, get_logger, prepare_run
     from agenttune.serve import serve
-    from agenttune.session import RolloutSession, rollout_session
     from agenttune.task import Task, WorkflowTask
     from agenttune.trainer import Trainer, with_changes
     from agenttune.training import train_from_config
@@ -112,17 +112,17 @@ _WHERE: dict[str, tuple[str, str]] = {
     "configure_logging": ("agenttune.run", "configure_logging"),
     "get_logger": ("agenttune.run", "get_logger"),
     "missing_validation_split": ("agenttune.backbones.base", "missing_validation_split"),
-    "RolloutSession": ("agenttune.session", "RolloutSession"),
-    "rollout_session": ("agenttune.session", "rollout_session"),
-    "RolloutEngine": ("agenttune.rollout", "RolloutEngine"),
+    "RolloutSession": ("agenttune.rollout.session", "RolloutSession"),
+    "rollout_session": ("agenttune.rollout.session", "rollout_session"),
+    "RolloutEngine": ("agenttune.rollout.engine", "RolloutEngine"),
     "Gateway": ("agenttune.gateway", "Gateway"),
     "logprob_problem": ("agenttune.gateway.completions", "logprob_problem"),
-    "RolloutLog": ("agenttune.rollout_log", "RolloutLog"),
-    "TokenText": ("agenttune.rollout_log", "TokenText"),
-    "read_records": ("agenttune.rollout_log", "read_records"),
-    "to_record": ("agenttune.rollout_log", "to_record"),
-    "MetricsLog": ("agenttune.metrics", "MetricsLog"),
-    "step_metrics": ("agenttune.metrics", "step_metrics"),
+    "RolloutLog": ("agenttune.rollout.log", "RolloutLog"),
+    "TokenText": ("agenttune.rollout.log", "TokenText"),
+    "read_records": ("agenttune.rollout.log", "read_records"),
+    "to_record": ("agenttune.rollout.log", "to_record"),
+    "MetricsLog": ("agenttune.rollout.metrics", "MetricsLog"),
+    "step_metrics": ("agenttune.rollout.metrics", "step_metrics"),
     "resolve_model_path": ("agenttune.model_loading", "resolve_model_path"),
     "Trainer": ("agenttune.trainer", "Trainer"),
     "with_changes": ("agenttune.trainer", "with_changes"),

@@ -22,7 +22,7 @@ from typing import Any
 
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.log import RolloutLog
 from agenttune.task import Task
 
 SPLIT = "serve"

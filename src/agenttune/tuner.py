@@ -138,7 +138,7 @@ class ModelTuner:
 
     async def run_cleanups(self) -> None:
         """Run the `add_cleanup` callbacks (the rollout engine calls this); a failing one is logged."""
-        from agenttune.rollout import call_logged
+        from agenttune.rollout.engine import call_logged
 
         cleanups, self._cleanups = self._cleanups, []
         for callback in reversed(cleanups):

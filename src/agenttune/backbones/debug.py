@@ -27,14 +27,14 @@ class DebugBackbone(Backbone):
     description: ClassVar[str] = "Roll out and judge the first tasks in the main process: no training, no Ray."
 
     def run(self, run: Run) -> None:
-        from agenttune.session import run_until_done
+        from agenttune.rollout.session import run_until_done
 
         run_until_done(self.roll_out(run))
 
     async def roll_out(self, run: Run) -> list[Episode]:
         from rich.console import Console
 
-        from agenttune.session import rollout_session
+        from agenttune.rollout.session import rollout_session
 
         config = run.config
         console = Console(highlight=False)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agenttune.errors import UserError
-from agenttune.metrics import MetricsLog, step_metrics
-from agenttune.rollout import RolloutEngine
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.log import RolloutLog
+from agenttune.rollout.metrics import MetricsLog, step_metrics
 from agenttune.task import Task
 from agenttune.tuner import FrameworkLoader
 

@@ -25,12 +25,12 @@ from pydantic import ValidationError
 from agenttune.engines.base import SamplingParams
 from agenttune.episode import Episode, EpisodeStatus
 from agenttune.judges.base import Judge, JudgeInput, JudgeResult
-from agenttune.rollout_gc import rollout_gc
+from agenttune.rollout.gc import rollout_gc
+from agenttune.rollout.workers import WorkflowProcessError, WorkflowProcesses
 from agenttune.run import get_logger
 from agenttune.task import Task
 from agenttune.tuner import FrameworkLoader, ModelTuner
 from agenttune.workflow import Workflow, WorkflowOutput
-from agenttune.workflow_processes import WorkflowProcessError, WorkflowProcesses
 
 if TYPE_CHECKING:
     from agenttune.config import AgentTuneConfig, RolloutConfig
