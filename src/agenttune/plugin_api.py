@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from agenttune.readers.base import TaskReader
     from agenttune.references import load_reference
     from agenttune.rollout.engine import RolloutEngine
+    from agenttune.rollout.frameworks import FrameworkLoader
     from agenttune.rollout.log import RolloutLog, TokenText, read_records, to_record
     from agenttune.rollout.metrics import MetricsLog, step_metrics
     from agenttune.rollout.session import RolloutSession, rollout_session
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from agenttune.task import Task, WorkflowTask
     from agenttune.trainer import Trainer, with_changes
     from agenttune.training import train_from_config
-    from agenttune.tuner import FrameworkLoader, ModelTuner
+    from agenttune.tuner import ModelTuner
     from agenttune.workflow import Workflow, WorkflowOutput
 
 # name -> (module, attribute). Grouped by what a plugin does with them.
@@ -77,7 +78,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Workflow": ("agenttune.workflow", "Workflow"),
     "WorkflowOutput": ("agenttune.workflow", "WorkflowOutput"),
     "ModelTuner": ("agenttune.tuner", "ModelTuner"),
-    "FrameworkLoader": ("agenttune.tuner", "FrameworkLoader"),
+    "FrameworkLoader": ("agenttune.rollout.frameworks", "FrameworkLoader"),
     "JudgeInput": ("agenttune.judges.base", "JudgeInput"),
     "JudgeResult": ("agenttune.judges.base", "JudgeResult"),
     "Episode": ("agenttune.episode", "Episode"),

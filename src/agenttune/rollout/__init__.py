@@ -19,14 +19,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune.rollout.engine import RolloutEngine, call_logged, call_workflow, describe, sampling_params
+    from agenttune.rollout.engine import RolloutEngine, call_workflow, describe, sampling_params
     from agenttune.rollout.session import RolloutSession, rollout_session
+    from agenttune.tuner import call_logged
 
 _WHERE = {
     "RolloutEngine": "agenttune.rollout.engine",
     "sampling_params": "agenttune.rollout.engine",
     "call_workflow": "agenttune.rollout.engine",
-    "call_logged": "agenttune.rollout.engine",
+    "call_logged": "agenttune.tuner",
     "describe": "agenttune.rollout.engine",
     "RolloutSession": "agenttune.rollout.session",
     "rollout_session": "agenttune.rollout.session",

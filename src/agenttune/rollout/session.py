@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agenttune.errors import UserError
 from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.log import RolloutLog
 from agenttune.rollout.metrics import MetricsLog, step_metrics
 from agenttune.task import Task
-from agenttune.tuner import FrameworkLoader
 
 if TYPE_CHECKING:
     from agenttune.components import Components

@@ -402,7 +402,7 @@ class _Episodes:
     """A worker's episodes: its gateway, and the workflows the trainer has it run."""
 
     def __init__(self, sock: socket.socket, setup: _Setup):
-        from agenttune.tuner import FrameworkLoader
+        from agenttune.rollout.frameworks import FrameworkLoader
 
         self.sock = sock
         self.setup = setup
@@ -462,8 +462,8 @@ class _Episodes:
             self.stopped.set_result(None)
 
     async def _run(self, job: int, task: Task, episode_id: str, sampling: SamplingParams) -> None:
-        from agenttune.rollout.engine import call_logged, call_workflow, describe
-        from agenttune.tuner import ModelTuner
+        from agenttune.rollout.engine import call_workflow, describe
+        from agenttune.tuner import ModelTuner, call_logged
 
         assert self.gateway is not None
         channel = self.gateway.open_episode(episode_id, sampling)
