@@ -20,6 +20,7 @@ nox.options.error_on_missing_interpreters = True
 PYTHON = "3.11"
 CPU_TORCH = "torch==2.13.0"
 MYPY = "mypy==2.4.1"  # a new mypy finds new things: upgrade it on purpose, with the fixes
+IMPORT_LINTER = "import-linter==2.17"  # lint-imports: the contracts in [tool.importlinter]
 
 
 def install_core(session: nox.Session, *extras: str) -> None:
@@ -45,14 +46,17 @@ def fast(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff on everything; mypy on the core and every plugin's src ([tool.mypy] in pyproject.toml)."""
+    """ruff on everything; mypy on the core and every plugin's src ([tool.mypy] in pyproject.toml);
+    import-linter's contracts ([tool.importlinter]: the layers of docs/architecture.md, no cycles,
+    no plugin imported by the core)."""
     # mypy reads the core's typed dependencies (torch, transformers, pydantic, ...) from this
     # environment; the plugins' own libraries (verl, trinity, agent frameworks) conflict with each
     # other and are listed as untyped in pyproject.toml instead.
     install_core(session, "local")
-    session.install(MYPY, "types-PyYAML")
+    session.install(MYPY, "types-PyYAML", IMPORT_LINTER)
     session.run("ruff", "check", "src", "tests", "plugins", "examples", "bench", "noxfile.py")
     session.run("mypy")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)

@@ -164,7 +164,7 @@ async def drive(episode: Callable[[int, list[float]], Awaitable[None]], concurre
 
 # -- the modes -------------------------------------------------------------------------------------------
 async def run_direct(concurrency: int, episodes: int) -> Result:
-    from agenttune.engine import SamplingParams
+    from agenttune.engines.base import SamplingParams
     from agenttune.gateway.rendering import ChatRenderer
     from agenttune.testing import tiny_tokenizer
 

@@ -30,7 +30,7 @@ import httpx
 import jsonschema
 import openai
 
-from agenttune.engines import build_engine
+from agenttune.components import build_engine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

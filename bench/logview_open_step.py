@@ -33,7 +33,7 @@ import httpx
 
 from agenttune.episode import Episode, Sample
 from agenttune.logview.server import start_in_background
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.log import RolloutLog
 from agenttune.task import Task
 
 

@@ -24,7 +24,7 @@ import time
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
 from agenttune.engines.hf import HFOptions
-from agenttune.rollout import RolloutEngine
+from agenttune.rollout.engine import RolloutEngine
 from agenttune.testing.gateways import running_gateway, tiny_config
 
 TURNS = 4

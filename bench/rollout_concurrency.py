@@ -49,7 +49,7 @@ from pathlib import Path
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
 from agenttune.engines.scripted import ScriptedEngine
-from agenttune.rollout import RolloutEngine
+from agenttune.rollout.engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

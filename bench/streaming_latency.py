@@ -23,8 +23,8 @@ import time
 
 import openai
 
-from agenttune.engine import SamplingParams
-from agenttune.engines import build_engine
+from agenttune.components import build_engine
+from agenttune.engines.base import SamplingParams
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -16,7 +16,7 @@ import agenttune
 from agenttune import Judge, JudgeResult, Task, Trainer, Workflow, WorkflowOutput
 from agenttune.errors import UserError
 from agenttune.references import load_reference
-from agenttune.rollout_log import read_records
+from agenttune.rollout.log import read_records
 from agenttune.trainer import training_config
 
 ROWS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 3 + 3?", "answer": "6"}]

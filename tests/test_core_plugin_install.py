@@ -21,7 +21,7 @@ WORKING = '''
 from pydantic import BaseModel, ConfigDict
 
 from agenttune import Judge, JudgeResult, Task, hookimpl
-from agenttune.task_reader import TaskReader
+from agenttune.readers.base import TaskReader
 
 
 class CountdownOptions(BaseModel):
@@ -70,7 +70,7 @@ raise ImportError("this plugin needs gpu_only_library, which is not installed")
 
 CLASHING = '''
 from agenttune import hookimpl
-from agenttune.task_reader import TaskReader
+from agenttune.readers.base import TaskReader
 
 
 class AnotherCountdown(TaskReader):

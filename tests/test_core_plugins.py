@@ -13,9 +13,9 @@ import pytest
 
 from agenttune import hookimpl, hookspecs
 from agenttune.errors import PluginError, PluginWarning
-from agenttune.judge import Judge, JudgeResult
+from agenttune.judges.base import Judge, JudgeResult
 from agenttune.plugins import KINDS, PluginManager, get_component, get_plugin_manager, registered_plugin
-from agenttune.task_reader import TaskReader
+from agenttune.readers.base import TaskReader
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agenttune.logview.catalog import Catalog
-from agenttune.rollout_log import read_records
+from agenttune.rollout.log import read_records
 
 # The gateway fuzz test's strategies, from tests/gateway/ (pytest puts only a test's own folder on sys.path).
 GATEWAY_TESTS = str(Path(__file__).resolve().parent / "gateway")

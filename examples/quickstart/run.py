@@ -53,7 +53,7 @@ def write_data(data: Path = DATA, seed: int = 0, *, conversations: int = DEMO_CO
 
 
 def before_and_after(run_dir: Path) -> tuple[float, float] | None:
-    from agenttune.metrics import MetricsLog
+    from agenttune.rollout.metrics import MetricsLog
 
     accuracy = [r["val/success_rate"] for r in MetricsLog(run_dir / "metrics.jsonl").read()
                 if r.get("val/success_rate") is not None]

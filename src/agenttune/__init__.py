@@ -2,7 +2,7 @@
 
 from agenttune.episode import Episode, EpisodeStatus, Sample
 from agenttune.hookspecs import hookimpl
-from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.task import Task
 from agenttune.workflow import Workflow, WorkflowOutput
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from agenttune.config import AgentTuneConfig
 from agenttune.config_loader import component_options
+from agenttune.engines.base import InferenceEngine
 from agenttune.errors import UserError
 from agenttune.plugins import get_component
 from agenttune.references import load_reference
@@ -94,3 +95,15 @@ def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Component
     judge_options = component_options(judge_cls, config.judge, "judge") if judge_cls else None
     backbone.check(config)
     return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options)
+
+
+def engine_class(config: AgentTuneConfig) -> type[InferenceEngine]:
+    """The class `config.engine.type` names (its ClassVars say what it can do, before it is built)."""
+    return get_component("engines", config.engine.type, key="engine.type")
+
+
+def build_engine(config: AgentTuneConfig, tokenizer: Any, model: Any = None) -> InferenceEngine:
+    """The inference engine of `config.engine`; `model` is an already-loaded model to share (hf)."""
+    engine_cls = engine_class(config)
+    options = component_options(engine_cls, config.engine, "engine")
+    return engine_cls.from_config(config, options, tokenizer, model=model)

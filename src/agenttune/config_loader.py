@@ -16,9 +16,9 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from agenttune.component_base import NoOptions
 from agenttune.config import AgentTuneConfig, ComponentSection
 from agenttune.errors import UserError
-from agenttune.judge import NoOptions
 from agenttune.plugins import get_plugin_manager
 
 

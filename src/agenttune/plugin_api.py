@@ -18,8 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune.agent_framework import AgentFramework
-    from agenttune.backbone import Backbone, missing_validation_split
+    from agenttune.backbones.base import Backbone, missing_validation_split
     from agenttune.backbones.local.rollout_correction import importance_weights, rejection_mask
     from agenttune.cli.main import app as cli_app
     from agenttune.cli.main import main as cli_main
@@ -32,44 +31,46 @@ if TYPE_CHECKING:
         config_model,
         load_config,
     )
-    from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+    from agenttune.engines.base import FinishReason, Generation, InferenceEngine, SamplingParams
     from agenttune.engines.hf import HFEngine
     from agenttune.engines.openai import OpenAIEngine, OpenAIEngineOptions
     from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
     from agenttune.episode import Episode, EpisodeStatus, Sample, fit_all, record_fitting
     from agenttune.errors import UserError
+    from agenttune.frameworks.base import AgentFramework
     from agenttune.gateway import Gateway
     from agenttune.gateway.completions import logprob_problem
     from agenttune.hookspecs import hookimpl
     from agenttune.http_retry import RetryPolicy, send_with_retries
     from agenttune.in_process import keep, reference_for
-    from agenttune.judge import Judge, JudgeInput, JudgeResult
+    from agenttune.judges.base import Judge, JudgeInput, JudgeResult
     from agenttune.judges.llm_judge import LLMJudge, LLMJudgeError, LLMJudgeOptions
-    from agenttune.metrics import MetricsLog, step_metrics
     from agenttune.model_loading import resolve_model_path
     from agenttune.plugins import get_component, get_plugin_manager, registered_plugin
+    from agenttune.readers.base import TaskReader
     from agenttune.references import load_reference
-    from agenttune.rollout import RolloutEngine
-    from agenttune.rollout_log import RolloutLog, TokenText, read_records, to_record
+    from agenttune.rollout.engine import RolloutEngine
+    from agenttune.rollout.frameworks import FrameworkLoader
+    from agenttune.rollout.log import RolloutLog, TokenText, read_records, to_record
+    from agenttune.rollout.metrics import MetricsLog, step_metrics
+    from agenttune.rollout.session import RolloutSession, rollout_session
     from agenttune.run import Run, configure_logging, get_logger, prepare_run
     from agenttune.serve import serve
-    from agenttune.session import RolloutSession, rollout_session
     from agenttune.task import Task, WorkflowTask
-    from agenttune.task_reader import TaskReader
     from agenttune.trainer import Trainer, with_changes
     from agenttune.training import train_from_config
-    from agenttune.tuner import FrameworkLoader, ModelTuner
+    from agenttune.tuner import ModelTuner
     from agenttune.workflow import Workflow, WorkflowOutput
 
 # name -> (module, attribute). Grouped by what a plugin does with them.
 _WHERE: dict[str, tuple[str, str]] = {
     # Registering components: the hook marker and the contracts the hooks return subclasses of.
     "hookimpl": ("agenttune.hookspecs", "hookimpl"),
-    "TaskReader": ("agenttune.task_reader", "TaskReader"),
-    "AgentFramework": ("agenttune.agent_framework", "AgentFramework"),
-    "Judge": ("agenttune.judge", "Judge"),
-    "Backbone": ("agenttune.backbone", "Backbone"),
-    "InferenceEngine": ("agenttune.engine", "InferenceEngine"),
+    "TaskReader": ("agenttune.readers.base", "TaskReader"),
+    "AgentFramework": ("agenttune.frameworks.base", "AgentFramework"),
+    "Judge": ("agenttune.judges.base", "Judge"),
+    "Backbone": ("agenttune.backbones.base", "Backbone"),
+    "InferenceEngine": ("agenttune.engines.base", "InferenceEngine"),
     "UserError": ("agenttune.errors", "UserError"),
     # What flows through them.
     "Task": ("agenttune.task", "Task"),
@@ -77,17 +78,17 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Workflow": ("agenttune.workflow", "Workflow"),
     "WorkflowOutput": ("agenttune.workflow", "WorkflowOutput"),
     "ModelTuner": ("agenttune.tuner", "ModelTuner"),
-    "FrameworkLoader": ("agenttune.tuner", "FrameworkLoader"),
-    "JudgeInput": ("agenttune.judge", "JudgeInput"),
-    "JudgeResult": ("agenttune.judge", "JudgeResult"),
+    "FrameworkLoader": ("agenttune.rollout.frameworks", "FrameworkLoader"),
+    "JudgeInput": ("agenttune.judges.base", "JudgeInput"),
+    "JudgeResult": ("agenttune.judges.base", "JudgeResult"),
     "Episode": ("agenttune.episode", "Episode"),
     "EpisodeStatus": ("agenttune.episode", "EpisodeStatus"),
     "Sample": ("agenttune.episode", "Sample"),
     "fit_all": ("agenttune.episode", "fit_all"),
     "record_fitting": ("agenttune.episode", "record_fitting"),
-    "Generation": ("agenttune.engine", "Generation"),
-    "SamplingParams": ("agenttune.engine", "SamplingParams"),
-    "FinishReason": ("agenttune.engine", "FinishReason"),
+    "Generation": ("agenttune.engines.base", "Generation"),
+    "SamplingParams": ("agenttune.engines.base", "SamplingParams"),
+    "FinishReason": ("agenttune.engines.base", "FinishReason"),
     # Configuration.
     "AgentTuneConfig": ("agenttune.config", "AgentTuneConfig"),
     "JudgeConfig": ("agenttune.config", "JudgeConfig"),
@@ -111,18 +112,18 @@ _WHERE: dict[str, tuple[str, str]] = {
     "prepare_run": ("agenttune.run", "prepare_run"),
     "configure_logging": ("agenttune.run", "configure_logging"),
     "get_logger": ("agenttune.run", "get_logger"),
-    "missing_validation_split": ("agenttune.backbone", "missing_validation_split"),
-    "RolloutSession": ("agenttune.session", "RolloutSession"),
-    "rollout_session": ("agenttune.session", "rollout_session"),
-    "RolloutEngine": ("agenttune.rollout", "RolloutEngine"),
+    "missing_validation_split": ("agenttune.backbones.base", "missing_validation_split"),
+    "RolloutSession": ("agenttune.rollout.session", "RolloutSession"),
+    "rollout_session": ("agenttune.rollout.session", "rollout_session"),
+    "RolloutEngine": ("agenttune.rollout.engine", "RolloutEngine"),
     "Gateway": ("agenttune.gateway", "Gateway"),
     "logprob_problem": ("agenttune.gateway.completions", "logprob_problem"),
-    "RolloutLog": ("agenttune.rollout_log", "RolloutLog"),
-    "TokenText": ("agenttune.rollout_log", "TokenText"),
-    "read_records": ("agenttune.rollout_log", "read_records"),
-    "to_record": ("agenttune.rollout_log", "to_record"),
-    "MetricsLog": ("agenttune.metrics", "MetricsLog"),
-    "step_metrics": ("agenttune.metrics", "step_metrics"),
+    "RolloutLog": ("agenttune.rollout.log", "RolloutLog"),
+    "TokenText": ("agenttune.rollout.log", "TokenText"),
+    "read_records": ("agenttune.rollout.log", "read_records"),
+    "to_record": ("agenttune.rollout.log", "to_record"),
+    "MetricsLog": ("agenttune.rollout.metrics", "MetricsLog"),
+    "step_metrics": ("agenttune.rollout.metrics", "step_metrics"),
     "resolve_model_path": ("agenttune.model_loading", "resolve_model_path"),
     "Trainer": ("agenttune.trainer", "Trainer"),
     "with_changes": ("agenttune.trainer", "with_changes"),

@@ -31,11 +31,11 @@ from agenttune import hookspecs
 from agenttune.errors import PluginError, PluginWarning
 
 if TYPE_CHECKING:
-    from agenttune.agent_framework import AgentFramework
-    from agenttune.backbone import Backbone
-    from agenttune.engine import InferenceEngine
-    from agenttune.judge import Judge
-    from agenttune.task_reader import TaskReader
+    from agenttune.backbones.base import Backbone
+    from agenttune.engines.base import InferenceEngine
+    from agenttune.frameworks.base import AgentFramework
+    from agenttune.judges.base import Judge
+    from agenttune.readers.base import TaskReader
 
 ENTRY_POINT_GROUP = "agenttune"
 CORE_DISTRIBUTION = "agenttune"

@@ -4,7 +4,7 @@ Layout of `<run_dir>`:
     config.yaml        the resolved configuration
     log.jsonl          structured log (JSON lines)
     metrics.jsonl      one JSON object per step (written by backbones)
-    rollouts/          rollout log, one JSONL file per step (see agenttune.rollout_log)
+    rollouts/          rollout log, one JSONL file per step (see agenttune.rollout.log)
     checkpoints/       checkpoints (local backbone)
 Nothing is written outside the run directory unless the user asks for it.
 """

@@ -22,7 +22,7 @@ from typing import Any
 
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.log import RolloutLog
 from agenttune.task import Task
 
 SPLIT = "serve"
@@ -65,7 +65,7 @@ class ServeRecorder:
 async def serve(config: AgentTuneConfig, run_dir: Path, *, ready: Any = None,
                 stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or SIGINT / SIGTERM); `ready(base_url)` is called once listening."""
-    from agenttune.engines import build_engine
+    from agenttune.components import build_engine
     from agenttune.gateway import Gateway
     from agenttune.model_loading import load_tokenizer
 

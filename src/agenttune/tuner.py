@@ -7,17 +7,58 @@ call made through any of them lands on this episode's timeline in the gateway, t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agenttune.errors import UserError
+from agenttune.run import get_logger
 
 if TYPE_CHECKING:
+    import httpx
     import openai
 
-    from agenttune.agent_framework import AgentFramework
     from agenttune.config import AgentTuneConfig
-    from agenttune.gateway import EpisodeChannel
     from agenttune.task import Task
+
+log = get_logger("rollout")
+
+
+class EpisodeEndpoint(Protocol):
+    """What a tuner needs from its host: one episode's end of the gateway.
+
+    The gateway's `EpisodeChannel` in the trainer's process, a `WorkerEpisode` in a workflow worker.
+    Declared here so that the tuner (which workflows and agent frameworks are written against) sits
+    below the gateway and the rollout engine that hand it its endpoint.
+    """
+
+    @property
+    def episode_id(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def context_overflow(self) -> bool: ...
+    @property
+    def turn_limit(self) -> bool: ...
+    @property
+    def engine_failing(self) -> bool: ...
+    def api_key(self, agent: str | None = None) -> str: ...
+    def transport(self) -> httpx.BaseTransport: ...
+    def async_transport(self) -> httpx.AsyncBaseTransport: ...
+
+
+class FrameworkAdapter(Protocol):
+    """An agent framework as the tuner uses it (the contract is `agenttune.frameworks.base.AgentFramework`)."""
+
+    def model_for(self, tuner: ModelTuner, **kwargs: Any) -> Any: ...
+
+
+class FrameworkSource(Protocol):
+    """Where a tuner gets agent frameworks from (the run's `agenttune.rollout.frameworks.FrameworkLoader`)."""
+
+    def get(self, name: str) -> FrameworkAdapter: ...
 
 
 class ModelTuner:
@@ -27,12 +68,12 @@ class ModelTuner:
     separate timelines, and `rollout.trainable_targets` picks whose samples are trained.
     """
 
-    def __init__(self, channel: EpisodeChannel, task: Task, config: AgentTuneConfig,
-                 frameworks: FrameworkLoader | None = None):
+    def __init__(self, channel: EpisodeEndpoint, task: Task, config: AgentTuneConfig,
+                 frameworks: FrameworkSource | None = None):
         self.channel = channel
         self.task = task
         self.config = config
-        self.frameworks = frameworks or FrameworkLoader()
+        self.frameworks = frameworks
         self.judge_input_dictionary: dict[str, Any] = {}
         self._clients: list[Any] = []
         self._cleanups: list[Any] = []
@@ -111,6 +152,10 @@ class ModelTuner:
     # -- agent frameworks ----------------------------------------------------------------------------
     def as_model(self, framework: str, **kwargs: Any) -> Any:
         """The named agent framework's model object pointed at this episode (see AgentFramework)."""
+        if self.frameworks is None:
+            raise UserError(f"tuner.as_model({framework!r}): this tuner was made without agent frameworks.",
+                            hint="Pass `frameworks=agenttune.rollout.frameworks.FrameworkLoader(run_dir)` "
+                                 "to ModelTuner (the rollout engine always does).")
         return self.frameworks.get(framework).model_for(self, **kwargs)
 
     def as_agentscope_model(self, **kwargs: Any) -> Any:
@@ -138,8 +183,6 @@ class ModelTuner:
 
     async def run_cleanups(self) -> None:
         """Run the `add_cleanup` callbacks (the rollout engine calls this); a failing one is logged."""
-        from agenttune.rollout import call_logged
-
         cleanups, self._cleanups = self._cleanups, []
         for callback in reversed(cleanups):
             await call_logged(callback, "episode cleanup", episode=self.episode_id)
@@ -153,19 +196,11 @@ class ModelTuner:
                 await result
 
 
-class FrameworkLoader:
-    """Creates each agent framework once per run, calling its `setup(run_dir)` first."""
-
-    def __init__(self, run_dir: Any = None):
-        self.run_dir = run_dir
-        self._frameworks: dict[str, AgentFramework] = {}
-
-    def get(self, name: str) -> AgentFramework:
-        if name not in self._frameworks:
-            from agenttune.plugins import get_component
-
-            framework = get_component("agent_frameworks", name, key="tuner.as_model")()
-            if self.run_dir is not None:
-                framework.setup(self.run_dir)
-            self._frameworks[name] = framework
-        return self._frameworks[name]
+async def call_logged(step: Callable[[], Any], what: str, **context: Any) -> None:
+    """Run (and await) a cleanup step that must not turn a finished episode into a crash."""
+    try:
+        result = step()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as error:
+        log.warning(f"{what} failed", error=f"{type(error).__name__}: {error}", **context)

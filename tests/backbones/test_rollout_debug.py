@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agenttune.rollout_log import read_records
+from agenttune.rollout.log import read_records
 from agenttune.testing import tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -44,7 +44,7 @@ def test_wrong_type(run_cli, write_yaml):
 
 
 def test_unknown_backbone_lists_the_available_ones(run_cli, register_plugin):
-    from agenttune.backbone import Backbone
+    from agenttune.backbones.base import Backbone
 
     class Local(Backbone):
         name = "only-one"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agenttune.agent_framework import AgentFramework
-from agenttune.backbone import Backbone
+from agenttune.backbones.base import Backbone
 from agenttune.errors import UserError
+from agenttune.frameworks.base import AgentFramework
 from agenttune.run import Run
 
 

@@ -158,7 +158,7 @@ def test_config_show_prints_the_resolved_yaml(run_cli, write_yaml):
 
 
 def test_config_show_with_a_backbone_prints_its_generated_config(run_cli, register_plugin):
-    from agenttune.backbone import Backbone
+    from agenttune.backbones.base import Backbone
 
     class Translating(Backbone):
         name = "translating"

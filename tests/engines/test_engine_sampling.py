@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from agenttune.engine import SamplingParams
+from agenttune.engines.base import SamplingParams
 from agenttune.engines.sampling import BatchSampler, seeded_generator, to_host
 
 VOCAB = 12

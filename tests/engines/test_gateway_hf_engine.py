@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from agenttune.engine import SamplingParams
-from agenttune.engines import build_engine
+from agenttune.components import build_engine
+from agenttune.engines.base import SamplingParams
 from agenttune.engines.hf import HFEngine
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from agenttune.engine import SamplingParams
-from agenttune.engines import build_engine
+from agenttune.components import build_engine
+from agenttune.engines.base import SamplingParams
 from agenttune.engines.openai import OpenAIEngine
 from agenttune.errors import UserError
 from agenttune.gateway import Gateway

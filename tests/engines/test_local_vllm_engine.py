@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agenttune.engine import SamplingParams
+from agenttune.engines.base import SamplingParams
 from agenttune.engines.vllm_weights import vllm_weight_name, vllm_weights
 from agenttune.errors import UserError
 
@@ -277,7 +277,7 @@ async def test_aborted_requests_and_missing_logprobs(stand_in_vllm):
 
 
 async def test_a_guide_becomes_vllm_structured_outputs(stand_in_vllm):
-    from agenttune.engine import Guide
+    from agenttune.engines.base import Guide
 
     engine = make_engine(Completion([5], [{5: Logprob(-0.5)}], "stop"))
     await engine.generate([1], SamplingParams(guide=Guide("structural_tag", '{"type": "structural_tag"}')))
@@ -286,7 +286,7 @@ async def test_a_guide_becomes_vllm_structured_outputs(stand_in_vllm):
 
 
 async def test_vllm_streams_new_token_ids_then_the_generation(stand_in_vllm):
-    from agenttune.engine import Generation
+    from agenttune.engines.base import Generation
 
     engine = make_engine(Completion([5, 9, 2], [{5: Logprob(-0.5)}, {9: Logprob(-0.25)}, {2: Logprob(-2.0)}], "stop"))
     events = [event async for event in engine.generate_stream([1, 2], SamplingParams())]
@@ -571,8 +571,8 @@ async def test_the_synchronous_loop_still_sleeps_through_the_update(stand_in_vll
 
 def test_asynchronous_training_hands_vllm_the_trained_model_and_hf_a_copy(tiny_model):
     from agenttune.backbones.local.loop import rollout_model
+    from agenttune.components import engine_class
     from agenttune.config_loader import load_config
-    from agenttune.engines import engine_class
 
     assert engine_class(load_config(None, ["engine.type=vllm"])).copies_weights
     assert not engine_class(load_config(None, ["engine.type=hf"])).copies_weights

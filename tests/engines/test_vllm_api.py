@@ -38,7 +38,7 @@ from vllm.distributed.weight_transfer.ipc_engine import (  # noqa: E402
 from vllm.logprobs import Logprob, append_logprobs_for_next_position, create_sample_logprobs  # noqa: E402
 from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 
-from agenttune.engine import Generation, Guide, SamplingParams  # noqa: E402
+from agenttune.engines.base import Generation, Guide, SamplingParams  # noqa: E402
 from agenttune.engines.vllm import VLLMEngine, VLLMOptions, engine_arguments, to_generation  # noqa: E402
 
 # What `generate` yields in the recorder: vLLM's real output classes.

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agenttune.engine import Generation
+from agenttune.engines.base import Generation
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer

@@ -12,7 +12,7 @@ import math
 import httpx
 import pytest
 
-from agenttune.engine import Generation
+from agenttune.engines.base import Generation
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from agenttune.engines import build_engine
+from agenttune.components import build_engine
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.gateway.protocol import parse_chat_request
 from agenttune.testing.gateways import running_gateway, tiny_config

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from agenttune.engine import Generation, SamplingParams
+from agenttune.engines.base import Generation, SamplingParams
 from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config

@@ -16,7 +16,7 @@ import pytest
 from agenttune.config import JudgeConfig
 from agenttune.config_loader import component_options
 from agenttune.errors import UserError
-from agenttune.judge import JudgeInput
+from agenttune.judges.base import JudgeInput
 from agenttune.judges.llm_judge import LLMJudge, LLMJudgeError, LLMJudgeOptions
 from agenttune.task import Task
 from agenttune.testing.judge_server import Reply, ScriptedChatServer

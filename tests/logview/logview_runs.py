@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 
 from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.metrics import MetricsLog, step_metrics
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.log import RolloutLog
+from agenttune.rollout.metrics import MetricsLog, step_metrics
 from agenttune.task import Task
 from agenttune.testing import tiny_tokenizer
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from logview_runs import IMG, SCRIPT, step_episodes, viewer, write_run, write_step
 
-from agenttune.rollout_log import RolloutLog, read_records
+from agenttune.rollout.log import RolloutLog, read_records
 from agenttune.testing import tiny_tokenizer
 
 TRAIN_1 = "proj/exp/run-a/rollouts/step_000001_train.jsonl"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from logview_runs import IMG, SCRIPT, logprob, viewer, write_run, write_step
 
-from agenttune.rollout_log import read_records
+from agenttune.rollout.log import read_records
 
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")

@@ -10,7 +10,7 @@ from logview_runs import step_episodes
 
 from agenttune.episode import Episode, Sample
 from agenttune.logview.step_index import Query, StepIndex, index_line, summarise
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.log import RolloutLog
 from agenttune.task import Task
 from agenttune.testing import tiny_tokenizer
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from agenttune import Judge, JudgeInput, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engine import Generation
+from agenttune.engines.base import Generation
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.episode import EpisodeStatus, Sample
-from agenttune.rollout import RolloutEngine
-from agenttune.rollout_log import RolloutLog, read_records
+from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.log import RolloutLog, read_records
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -21,8 +21,8 @@ from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.gateway.ids import random_id
 from agenttune.gateway.rendering import _compile
-from agenttune.rollout import RolloutEngine
-from agenttune.rollout_gc import YOUNG_THRESHOLD, rollout_gc
+from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.gc import YOUNG_THRESHOLD, rollout_gc
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.metrics import MetricsLog, step_metrics, zero_variance_fraction
-from agenttune.rollout_log import LoggedSample, RolloutLog, RolloutRecord, read_records
+from agenttune.rollout.log import LoggedSample, RolloutLog, RolloutRecord, read_records
+from agenttune.rollout.metrics import MetricsLog, step_metrics, zero_variance_fraction
 from agenttune.run import Run
 from agenttune.task import Task
 from agenttune.testing import tiny_tokenizer

@@ -9,8 +9,8 @@ import pytest
 
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.errors import UserError
+from agenttune.rollout.session import rollout_session, run_until_done
 from agenttune.run import prepare_run
-from agenttune.session import rollout_session, run_until_done
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config
 
@@ -103,7 +103,7 @@ async def test_session_needs_a_workflow(session_config):
 
 
 def test_run_until_done_abandons_tasks_that_refuse_to_stop(monkeypatch):
-    monkeypatch.setattr("agenttune.session.SHUTDOWN_GRACE_S", 0.1)
+    monkeypatch.setattr("agenttune.rollout.session.SHUTDOWN_GRACE_S", 0.1)
     stop = []
 
     async def stubborn():

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engine import Generation, InferenceEngine
+from agenttune.engines.base import Generation, InferenceEngine
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.episode import EpisodeStatus
 from agenttune.errors import UserError
-from agenttune.rollout import RolloutEngine
+from agenttune.rollout.engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

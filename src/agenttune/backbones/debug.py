@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from agenttune.backbone import Backbone
+from agenttune.backbones.base import Backbone
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,14 +27,14 @@ class DebugBackbone(Backbone):
     description: ClassVar[str] = "Roll out and judge the first tasks in the main process: no training, no Ray."
 
     def run(self, run: Run) -> None:
-        from agenttune.session import run_until_done
+        from agenttune.rollout.session import run_until_done
 
         run_until_done(self.roll_out(run))
 
     async def roll_out(self, run: Run) -> list[Episode]:
         from rich.console import Console
 
-        from agenttune.session import rollout_session
+        from agenttune.rollout.session import rollout_session
 
         config = run.config
         console = Console(highlight=False)

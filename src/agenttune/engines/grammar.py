@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engine import Guide, GuideError
+from agenttune.engines.base import Guide, GuideError
 from agenttune.errors import UserError
 
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+from agenttune.engines.base import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.engines.grammar import GrammarBook, advance
 from agenttune.engines.sampling import BatchSampler, seeded_generator, to_host
 from agenttune.engines.stopping import StopStrings, stop_token_set

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import FinishReason, Generation, InferenceEngine, SamplingParams
+from agenttune.engines.base import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.engine import SamplingParams
+from agenttune.engines.base import SamplingParams
 
 GREEDY_BELOW = 1e-5
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.engines.stopping import StopStrings
 
 Reply = str | list[int] | Generation

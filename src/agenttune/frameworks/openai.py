@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agenttune.agent_framework import AgentFramework
+from agenttune.frameworks.base import AgentFramework
 
 if TYPE_CHECKING:
     from agenttune.tuner import ModelTuner

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agenttune.engine import SamplingParams
+from agenttune.engines.base import SamplingParams
 from agenttune.episode import Sample
 from agenttune.gateway.timeline import BREAK_REASONS, SampleBuilder, Timeline
 

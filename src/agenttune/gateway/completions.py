@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engine import Generation, Guide, GuideError, InferenceEngine, SamplingParams
+from agenttune.engines.base import Generation, Guide, GuideError, InferenceEngine, SamplingParams
 from agenttune.gateway import madness
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.errors import GatewayError

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agenttune.engine import Guide
+from agenttune.engines.base import Guide
 from agenttune.gateway.errors import bad_request
 from agenttune.gateway.protocol import ChatRequest
 from agenttune.gateway.tool_parsers import HermesToolParser, ToolParser

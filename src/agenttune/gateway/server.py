@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from agenttune.config import AgentTuneConfig
-from agenttune.engine import InferenceEngine, SamplingParams
+from agenttune.engines.base import InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions

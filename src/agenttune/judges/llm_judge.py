@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agenttune.errors import UserError
-from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 
 if TYPE_CHECKING:
     import httpx

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# (title, whether values are fractions, [(metric name, label)]). Names as agenttune.metrics writes them.
+# (title, whether values are fractions, [(metric name, label)]). Names as agenttune.rollout.metrics writes them.
 CHARTS: list[tuple[str, bool, list[tuple[str, str]]]] = [
     ("Reward", False, [("reward/mean", "train reward"), ("val/reward/mean", "validation reward")]),
     ("Success / accuracy", True, [("success_rate", "train success"), ("val/success_rate", "validation accuracy")]),

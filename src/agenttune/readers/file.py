@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from agenttune.errors import UserError
+from agenttune.readers.base import TaskReader
 from agenttune.readers.columns import ColumnOptions, RowMapping
 from agenttune.task import Task
-from agenttune.task_reader import TaskReader
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 

@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from agenttune.errors import UserError
+from agenttune.readers.base import TaskReader
 from agenttune.readers.columns import ColumnOptions, RowMapping
 from agenttune.task import Task
-from agenttune.task_reader import TaskReader
 
 
 class HuggingFaceTaskReaderOptions(ColumnOptions):

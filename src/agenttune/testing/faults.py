@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agenttune.judge import Judge, JudgeInput, JudgeResult
+from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.workflow import Workflow, WorkflowOutput
 
 # What each fault must turn into; None is an episode with nothing injected.

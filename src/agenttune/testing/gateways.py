@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from agenttune.config import AgentTuneConfig, ModelConfig
-from agenttune.engine import InferenceEngine
+from agenttune.engines.base import InferenceEngine
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer
 

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agenttune.config import AgentTuneConfig
-from agenttune.engine import Generation, SamplingParams
+from agenttune.engines.base import Generation, SamplingParams
 from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
 from agenttune.gateway import EpisodeChannel, Gateway
+from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.task import Task
-from agenttune.tuner import FrameworkLoader, ModelTuner
+from agenttune.tuner import ModelTuner
 
 
 @dataclass

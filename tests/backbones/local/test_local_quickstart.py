@@ -52,7 +52,7 @@ def test_the_agent_calls_the_tool_through_the_gateway_and_is_judged(tmp_path, ru
     (tmp_path / "arithmetic.py").write_text((QUICKSTART / "arithmetic.py").read_text())
     result = run_cli("train", "--conf", conf, "--backbone", "debug", "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.output
-    from agenttune.rollout_log import read_records
+    from agenttune.rollout.log import read_records
     from agenttune.testing import tiny_tokenizer
 
     [record] = list(read_records(tmp_path / "run" / "rollouts" / "step_000001_train.jsonl"))

@@ -2,7 +2,7 @@
 
 Trinity creates workflows inside its workflow-runner processes (Ray actors), one runner per slot,
 each with its own `ModelWrapper`. The first agenttune task a runner gets builds the rollout stack
-(`agenttune.session.rollout_session`) around a `TrinityEngine` on that runner's rollout model; it is
+(`agenttune.rollout.session.rollout_session`) around a `TrinityEngine` on that runner's rollout model; it is
 kept for the life of the process, so the tokenizer is loaded and the gateway started once per runner,
 not once per task.
 """

@@ -19,7 +19,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from agenttune.backbone import Backbone
+from agenttune.backbones.base import Backbone
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:

@@ -32,10 +32,10 @@ from agenttune.backbones.local.report import PLOT_NAME, plot_curves, summary_tab
 from agenttune.backbones.local.task_order import TaskOrder
 from agenttune.backbones.local.trainer import GRPOTrainer
 from agenttune.errors import UserError
-from agenttune.metrics import MetricsLog
 from agenttune.model_loading import load_tokenizer, resolve_model_path
-from agenttune.rollout import sampling_params
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.engine import sampling_params
+from agenttune.rollout.log import RolloutLog
+from agenttune.rollout.metrics import MetricsLog
 from agenttune.run import Run, get_logger
 from agenttune.task import Task
 
@@ -60,7 +60,7 @@ class Setup:
 
 
 def train(run: Run) -> None:
-    from agenttune.session import run_until_done
+    from agenttune.rollout.session import run_until_done
 
     setup = prepare(run)
     run_until_done(training_loop(run, setup))
@@ -192,8 +192,8 @@ def _seed_everything(seed: int) -> None:
 
 # -- the loop ---------------------------------------------------------------------------------------
 async def training_loop(run: Run, setup: Setup) -> None:
-    from agenttune.engines import build_engine, engine_class
-    from agenttune.session import rollout_session
+    from agenttune.components import build_engine, engine_class
+    from agenttune.rollout.session import rollout_session
 
     config = run.config
     bound = config.trainer.staleness_bound
@@ -322,7 +322,7 @@ def _check_engine(engine: Any, bound: int | None) -> None:
 
 
 async def _validate(session: Any, setup: Setup, progress: TrainingProgress, *, step: int) -> dict[str, float]:
-    from agenttune.session import VALIDATION
+    from agenttune.rollout.session import VALIDATION
 
     progress.phase(f"validation: {len(setup.validation)} tasks")
     started = time.perf_counter()

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agenttune.errors import UserError
-from agenttune.metrics import MetricsLog
+from agenttune.rollout.metrics import MetricsLog
 
 PLOT_NAME = "training_curves.png"
 

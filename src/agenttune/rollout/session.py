@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agenttune.errors import UserError
-from agenttune.metrics import MetricsLog, step_metrics
-from agenttune.rollout import RolloutEngine
-from agenttune.rollout_log import RolloutLog
+from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.frameworks import FrameworkLoader
+from agenttune.rollout.log import RolloutLog
+from agenttune.rollout.metrics import MetricsLog, step_metrics
 from agenttune.task import Task
-from agenttune.tuner import FrameworkLoader
 
 if TYPE_CHECKING:
     from agenttune.components import Components
     from agenttune.config import AgentTuneConfig
-    from agenttune.engine import InferenceEngine
+    from agenttune.engines.base import InferenceEngine
     from agenttune.episode import Episode
-    from agenttune.judge import Judge
+    from agenttune.judges.base import Judge
     from agenttune.run import Run
 
 VALIDATION = "validation"
@@ -94,8 +94,7 @@ async def rollout_session(
     `engine`/`tokenizer`: bring your own (otherwise built from `config.engine` / `config.model`).
     `max_parallel`: episodes at once (default `rollout.max_env_worker`).
     """
-    from agenttune.components import resolve
-    from agenttune.engines import build_engine
+    from agenttune.components import build_engine, resolve
     from agenttune.gateway import Gateway
     from agenttune.model_loading import load_tokenizer
 

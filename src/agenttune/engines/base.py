@@ -6,9 +6,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel
-
-from agenttune.judge import NoOptions
+from agenttune.component_base import Component
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -69,7 +67,7 @@ class Generation:
     versions: list[int] | None = None
 
 
-class InferenceEngine:
+class InferenceEngine(Component):
     """Generates continuations of prompt token ids.
 
     `name` is the config's `engine.type`; `Options` validates the rest of the `engine:` section.
@@ -79,8 +77,6 @@ class InferenceEngine:
     that cannot report the sampled tokens' logprobs (the gateway checks the others' on every call).
     """
 
-    name: ClassVar[str] = ""
-    Options: ClassVar[type[BaseModel]] = NoOptions
     returns_token_ids: ClassVar[bool] = True
     wants_messages: bool = False  # True: the gateway calls generate_chat (the server renders the prompt)
     # False: the engine never reports logprobs; its samples say so and the trainer recomputes them.
@@ -100,7 +96,7 @@ class InferenceEngine:
 
     @classmethod
     def from_config(cls, config: Any, options: Any, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
-        """Build the engine for a run (`agenttune.engines.build_engine` calls this).
+        """Build the engine for a run (`agenttune.components.build_engine` calls this).
 
         `options` is the validated `engine:` section (an instance of `cls.Options`, so subclasses
         annotate it with their own model); `model` is an already-loaded model to share with a

@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from agenttune.engine import SamplingParams
+from agenttune.engines.base import SamplingParams
 from agenttune.episode import Episode, EpisodeStatus
-from agenttune.judge import Judge, JudgeInput, JudgeResult
-from agenttune.rollout_gc import rollout_gc
+from agenttune.judges.base import Judge, JudgeInput, JudgeResult
+from agenttune.rollout.frameworks import FrameworkLoader
+from agenttune.rollout.gc import rollout_gc
+from agenttune.rollout.workers import WorkflowProcessError, WorkflowProcesses
 from agenttune.run import get_logger
 from agenttune.task import Task
-from agenttune.tuner import FrameworkLoader, ModelTuner
+from agenttune.tuner import ModelTuner, call_logged
 from agenttune.workflow import Workflow, WorkflowOutput
-from agenttune.workflow_processes import WorkflowProcessError, WorkflowProcesses
 
 if TYPE_CHECKING:
     from agenttune.config import AgentTuneConfig, RolloutConfig
@@ -430,12 +431,3 @@ def describe(error: BaseException) -> str:
         text = "...\n" + text[-ERROR_CHARS:]
     return f"{head}\n{text}"
 
-
-async def call_logged(step: Callable[[], Any], what: str, **context: Any) -> None:
-    """Run (and await) a cleanup step that must not turn a finished episode into a crash."""
-    try:
-        result = step()
-        if inspect.isawaitable(result):
-            await result
-    except Exception as error:
-        log.warning(f"{what} failed", error=f"{type(error).__name__}: {error}", **context)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
 
 from pydantic import BaseModel
 
-from agenttune.judge import NoOptions
+from agenttune.component_base import Component
 from agenttune.task import Task
 
 
-class TaskReader:
+class TaskReader(Component):
     """Reads the tasks of one split.
 
     A reader class has a unique `name` (the config's `task_reader.type`) and an `Options` pydantic model
@@ -20,8 +19,6 @@ class TaskReader:
     source is missing, a required column is absent, or the split is empty.
     """
 
-    name: ClassVar[str] = ""
-    Options: ClassVar[type[BaseModel]] = NoOptions
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenttune.component_base import Component
 from agenttune.task import Task
 from agenttune.workflow import WorkflowOutput
-
-
-class NoOptions(BaseModel):
-    """For components that take no options: any key given is a mistake."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class JudgeInput(BaseModel):
@@ -53,7 +48,7 @@ class JudgeResult(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict, description="Anything worth logging.")
 
 
-class Judge:
+class Judge(Component):
     """Scores an episode.
 
     A judge class has a unique `name` (the config's `judge.type`) and an `Options` pydantic model for
@@ -62,8 +57,6 @@ class Judge:
     It must not mutate its input. Raising marks the episode `judge_error`; it never stops the batch.
     """
 
-    name: ClassVar[str] = ""
-    Options: ClassVar[type[BaseModel]] = NoOptions
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()

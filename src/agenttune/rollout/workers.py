@@ -32,10 +32,10 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agenttune.engine import Generation, InferenceEngine, SamplingParams
+from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import EpisodeRecord
-from agenttune.message_pipe import MessagePipe, open_pipe
+from agenttune.rollout.pipe import MessagePipe, open_pipe
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -391,7 +391,7 @@ class RemoteEngine(InferenceEngine):
 
 def serve_worker(sock: socket.socket, setup: _Setup) -> None:
     """A worker process's main: run episodes as the trainer sends them, until told to stop."""
-    from agenttune.session import run_until_done
+    from agenttune.rollout.session import run_until_done
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
     # run_until_done: a workflow that swallows cancellation cannot keep the worker from exiting
@@ -402,7 +402,7 @@ class _Episodes:
     """A worker's episodes: its gateway, and the workflows the trainer has it run."""
 
     def __init__(self, sock: socket.socket, setup: _Setup):
-        from agenttune.tuner import FrameworkLoader
+        from agenttune.rollout.frameworks import FrameworkLoader
 
         self.sock = sock
         self.setup = setup
@@ -415,7 +415,7 @@ class _Episodes:
 
     async def serve(self) -> None:
         from agenttune.gateway import Gateway
-        from agenttune.rollout_gc import rollout_gc
+        from agenttune.rollout.gc import rollout_gc
 
         loop = asyncio.get_running_loop()
         self.stopped = loop.create_future()
@@ -462,8 +462,8 @@ class _Episodes:
             self.stopped.set_result(None)
 
     async def _run(self, job: int, task: Task, episode_id: str, sampling: SamplingParams) -> None:
-        from agenttune.rollout import call_logged, call_workflow, describe
-        from agenttune.tuner import ModelTuner
+        from agenttune.rollout.engine import call_workflow, describe
+        from agenttune.tuner import ModelTuner, call_logged
 
         assert self.gateway is not None
         channel = self.gateway.open_episode(episode_id, sampling)

@@ -1,0 +1,43 @@
+"""Running episodes: from a batch of tasks to finished, judged `Episode`s.
+
+    engine.py    RolloutEngine: runs a batch of episodes (workflow -> gateway -> judge), in this process
+                 or in worker processes
+    workers.py   WorkflowProcesses: workflows in worker processes, talking to the host over a pipe
+    pipe.py      MessagePipe: pickled messages over a socket pair, read by an event loop
+    session.py   RolloutSession: what a backbone drives for a run (engine, gateway, judge, logs)
+    gc.py        the garbage collector's settings while a batch runs
+    log.py       the rollout log: every episode of every step, token by token, as JSON lines
+    metrics.py   step metrics and metrics.jsonl
+
+Names are imported on first use, from the module they live in, so importing `agenttune.rollout.log`
+(the log viewer does) does not import the engine and the gateway.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agenttune.rollout.engine import RolloutEngine, call_workflow, describe, sampling_params
+    from agenttune.rollout.session import RolloutSession, rollout_session
+    from agenttune.tuner import call_logged
+
+_WHERE = {
+    "RolloutEngine": "agenttune.rollout.engine",
+    "sampling_params": "agenttune.rollout.engine",
+    "call_workflow": "agenttune.rollout.engine",
+    "call_logged": "agenttune.tuner",
+    "describe": "agenttune.rollout.engine",
+    "RolloutSession": "agenttune.rollout.session",
+    "rollout_session": "agenttune.rollout.session",
+}
+
+__all__ = ["RolloutEngine", "RolloutSession", "call_logged", "call_workflow", "describe", "rollout_session",
+           "sampling_params"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'agenttune.rollout' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
