@@ -156,7 +156,8 @@ class HFEngine(InferenceEngine):
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), sampling, loop.create_future(),
                            stop_token_set(sampling.stop_token_ids, list(self.eos_ids)),
-                           StopStrings(self.tokenizer, sampling.stop), stream=asyncio.Queue() if stream else None)
+                           StopStrings(self.tokenizer, sampling.stop), stream=asyncio.Queue() if stream else None,
+                           generator=seeded_generator(sampling, self.model.device))
         if sampling.guide is not None:
             request.matcher = self.grammars.matcher(sampling.guide)
         self._ensure_worker(loop)
@@ -270,7 +271,6 @@ class HFEngine(InferenceEngine):
             version = self.policy_version  # of the weights that computed `logits`
             logits, cache, attention, next_positions = self._prefill(batch, device)
         active = list(batch)
-        _seed(active, device)
         sampler = self._sampler(active, logits)
         mask = _GrowingMask(attention)
         joinable = _joinable(cache)
@@ -321,7 +321,6 @@ class HFEngine(InferenceEngine):
             if newcomers:
                 mask = _GrowingMask(_join_caches(cache, attention, new_cache, new_attention))
                 logits, next_positions = torch.cat([logits, new_logits]), torch.cat([next_positions, new_positions])
-                _seed(newcomers, device)
                 active += newcomers
                 batch += newcomers
                 sampler = self._sampler(active, logits)
@@ -477,11 +476,6 @@ def _with_ones(mask: Any, columns: int) -> Any:
     import torch
 
     return torch.cat([mask, mask.new_ones((mask.shape[0], columns))], dim=1)
-
-
-def _seed(requests: list[_Request], device: Any) -> None:
-    for request in requests:
-        request.generator = seeded_generator(request.sampling, device)
 
 
 def _resolve(request: _Request, finish: FinishReason) -> None:
