@@ -1,12 +1,14 @@
 """`ModelTuner`: the workflow's handle to the model under training, one per episode.
 
 Everything an agent needs to talk to the model goes through the tuner: an OpenAI base URL and an
-episode key, ready-made OpenAI clients, or an agent framework's own model class (`as_model`). Every
-call made through any of them lands on this episode's timeline in the gateway, token by token.
+episode key, ready-made OpenAI clients, or an agent framework's own model class (`as_model`, or the
+`as_...` shortcut its plugin adds, such as `as_agentscope_model`). Every call made through any of them
+lands on this episode's timeline in the gateway, token by token.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,9 +58,14 @@ class FrameworkAdapter(Protocol):
 
 
 class FrameworkSource(Protocol):
-    """Where a tuner gets agent frameworks from (the run's `agenttune.rollout.frameworks.FrameworkLoader`)."""
+    """Where a tuner gets agent frameworks from (the run's `agenttune.rollout.frameworks.FrameworkLoader`).
+
+    `get(name)` is the framework named `name`; `provider_of(method)` the name of the framework that
+    adds `tuner.<method>` (in its `tuner_methods`), or None when none does.
+    """
 
     def get(self, name: str) -> FrameworkAdapter: ...
+    def provider_of(self, method: str) -> str | None: ...
 
 
 class ModelTuner:
@@ -158,13 +165,26 @@ class ModelTuner:
                                  "to ModelTuner (the rollout engine always does).")
         return self.frameworks.get(framework).model_for(self, **kwargs)
 
-    def as_agentscope_model(self, **kwargs: Any) -> Any:
-        """An AgentScope chat model for this episode (needs agenttune-plugin-agentscope)."""
-        return self.as_model("agentscope", **kwargs)
+    def __getattr__(self, name: str) -> Any:
+        """`tuner.as_<something>(**kwargs)` added by an agent framework plugin (its `tuner_methods`,
+        e.g. `as_agentscope_model`): `as_model(<that framework>, **kwargs)`.
 
-    def as_aworld_config(self, **kwargs: Any) -> Any:
-        """An AWorld `AgentConfig` for this episode (needs agenttune-plugin-aworld)."""
-        return self.as_model("aworld", **kwargs)
+        Python calls this only for names the class lacks, so the tuner's own methods always win.
+        """
+        if not name.startswith("as_"):  # dunders too: copy and pickle probe them on a bare instance
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}",
+                                 name=name, obj=self)
+        # Through __dict__: while copy or pickle rebuild a tuner, `frameworks` is not set yet, and
+        # `self.frameworks` would land back here.
+        frameworks = self.__dict__.get("frameworks")
+        provider = frameworks.provider_of(name) if frameworks is not None else None
+        if provider is None:
+            raise AttributeError(_no_tuner_method(type(self).__name__, name, frameworks is None),
+                                 name=name, obj=self)
+        method = functools.partial(self.as_model, provider)
+        method.__doc__ = (f"tuner.{name}(**kwargs) is tuner.as_model({provider!r}, **kwargs): the {provider} "
+                          "agent framework's model for this episode (see its model_for).")
+        return method
 
     # -- the judge ----------------------------------------------------------------------------------------
     def update_judge_input_dictionary(self, **values: Any) -> None:
@@ -194,6 +214,18 @@ class ModelTuner:
             result = client.close()
             if hasattr(result, "__await__"):
                 await result
+
+
+def _no_tuner_method(cls: str, name: str, without_frameworks: bool) -> str:
+    """Why `tuner.<name>` is missing, and what to install: agent framework plugins add such methods."""
+    if without_frameworks:
+        return (f"{cls!r} object has no attribute {name!r}: this tuner was made without agent frameworks, "
+                "which add the `as_...` methods (pass `frameworks=FrameworkLoader(run_dir)`; the rollout "
+                "engine always does).")
+    framework = name.removeprefix("as_").split("_")[0] or "<framework>"
+    return (f"{cls!r} object has no attribute {name!r}: no installed agent framework adds tuner.{name}(). "
+            f"Install the agent framework's plugin (e.g. `pip install agenttune-plugin-{framework}`), "
+            "and see `agenttune plugins list` for the plugins installed and any that failed to load.")
 
 
 async def call_logged(step: Callable[[], Any], what: str, **context: Any) -> None:

@@ -28,8 +28,9 @@ class Workflow:
 
     Subclass it and implement `execute`, async (preferred) or plain (run in a worker thread).
     Build the agent inside `execute` with the model handle from `tuner` (for example
-    `tuner.as_openai_client()` or `tuner.as_agentscope_model()`): every chat call the agent makes then
-    goes through the gateway and is recorded, token by token, for training.
+    `tuner.as_openai_client()`, `tuner.as_model(framework)`, or a method an agent framework plugin adds,
+    such as `tuner.as_agentscope_model()`): every chat call the agent makes then goes through the
+    gateway and is recorded, token by token, for training.
 
     A workflow instance is created per episode, so instance attributes are never shared between
     concurrent episodes.

@@ -9,7 +9,7 @@ import pytest
 from agenttune_agentscope.framework import AgentScopeFramework
 from conftest import LINE, make_config
 
-from agenttune.plugin_api import UserError, get_component
+from agenttune.plugin_api import FrameworkLoader, UserError, get_component
 
 
 def test_listed_without_importing_agentscope():
@@ -28,6 +28,8 @@ def test_listed_without_importing_agentscope():
 
 def test_registered_as_the_agentscope_framework():
     assert get_component("agent_frameworks", "agentscope") is AgentScopeFramework
+    # the plugin, not the core, adds tuner.as_agentscope_model
+    assert FrameworkLoader().provider_of("as_agentscope_model") == "agentscope"
 
 
 def test_config_section_has_headless_defaults_and_rejects_bad_values():

@@ -15,7 +15,7 @@ from agenttune_aworld.agents import episode_agent, point_agent_at
 from aworld.agents.llm_agent import Agent
 from aworld.config import AgentConfig
 
-from agenttune.plugin_api import UserError
+from agenttune.plugin_api import FrameworkLoader, UserError
 
 
 def cli(*args: str, **env: str) -> str:
@@ -31,6 +31,10 @@ def test_plugins_list_shows_aworld_without_importing_it():
     code = ("import sys; from agenttune.plugin_api import get_plugin_manager; get_plugin_manager().infos(); "
             "print([m for m in ('aworld', 'mcp', 'torch') if m in sys.modules])")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_the_plugin_adds_as_aworld_config_to_the_tuner():
+    assert FrameworkLoader().provider_of("as_aworld_config") == "aworld"  # the core names no plugin
 
 
 async def test_as_aworld_config_points_at_the_episode(rig):

@@ -24,9 +24,11 @@ class AgentScopeFramework(AgentFramework):
     are recorded on (multi-agent workflows give each agent its own name; `rollout.trainable_targets`
     picks which are trained). Other keyword arguments go to `OpenAIChatModel` unchanged
     (1.x: `generate_kwargs`, `reasoning_effort`, ...; 2.x: `parameters`, `formatter`, `context_size`, ...).
+    Workflows call it as `tuner.as_agentscope_model(...)` (this class's `tuner_methods`).
     """
 
     name = "agentscope"
+    tuner_methods = ("as_agentscope_model",)
 
     def setup(self, run_dir: Path) -> None:
         from agenttune_agentscope.agent_defaults import install

@@ -18,13 +18,15 @@ class AWorldFramework(AgentFramework):
 
     `model_for(tuner, agent=None, **kwargs)` returns an `aworld.config.AgentConfig` whose LLM is the
     episode's gateway endpoint (the `openai` provider, base URL, episode key); `agent` names the
-    timeline the calls are recorded on, `kwargs` are other AgentConfig fields. To point an Agent you
+    timeline the calls are recorded on, `kwargs` are other AgentConfig fields; workflows call it as
+    `tuner.as_aworld_config(...)` (this class's `tuner_methods`). To point an Agent you
     already built, use `agenttune_aworld.point_agent_at(agent, tuner)`.
 
     `setup(run_dir)` sends AWorld's log files to `<run_dir>/aworld_logs/` (see agenttune_aworld.logs).
     """
 
     name: ClassVar[str] = "aworld"
+    tuner_methods: ClassVar[tuple[str, ...]] = ("as_aworld_config",)
 
     def setup(self, run_dir: Path) -> None:
         from agenttune_aworld.logs import redirect_logs
