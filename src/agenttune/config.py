@@ -7,18 +7,27 @@ the YAML file, `AGENTTUNE_…` environment variables (nested with `__`, e.g.
 
 Component sections (`task_reader`, `judge`, `engine`) take a `type` plus the options of that
 component, which the component's own `Options` model validates (see `component_options`).
-Plugins may add top-level sections of their own through the `register_config_sections` hook.
+The other sections a component reads are its own: a backbone's `Options` is the section named
+after it (`local:`, `debug:`), and plugins add sections through the `register_config_sections` hook
+(`verl:`, `trinity:`, `ray:`, `agentscope:`). `config_loader.config_model()` adds them to this model
+for the installed plugins; `AgentTuneConfig.section(name, Model)` reads one back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agenttune.errors import UserError
 from agenttune.rollout_correction import RolloutCorrectionOptions
+
+SectionModel = TypeVar("SectionModel", bound=BaseModel)
 
 MadnessCheck = Literal["nonsense", "wrong_toolcall"]
 MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
@@ -210,50 +219,25 @@ class TrainerConfig(Section):
         return {"sync": None, "one_step_off": 1}.get(self.mode, self.max_staleness)
 
 
-class WarmupConfig(Section):
-    data: str | None = Field(
-        default=None,
-        description="JSONL of demonstration conversations ({\"messages\": [...], \"tools\": [...]}) for a supervised "
-        "warm-up before RL; none: no warm-up. Relative paths are relative to the current directory.",
-    )
-    steps: int = Field(default=100, ge=0, description="Warm-up optimizer steps.")
-    batch_size: int = Field(default=32, gt=0, description="Conversations per warm-up step.")
-    learning_rate: float = Field(default=1e-3, gt=0, description="Warm-up learning rate (constant, then a linear decay to 0 over the last 20% of the steps).")
-
-
-class LocalConfig(Section):
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the local backbone trains.")
-    micro_batch_tokens: int = Field(default=8192, gt=0, description="Token budget of one micro-batch.")
-    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
-    lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
-    lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")
-    lora_target_modules: list[str] | str = Field(default="all-linear", description="Modules LoRA adapts.")
-    mini_batches: int = Field(
-        default=1, gt=0, description="Optimizer updates per step: the step's samples are split into this many mini-batches."
-    )
-    ppo_epochs: int = Field(default=1, gt=0, description="Passes over the step's samples (each pass does `mini_batches` updates).")
-    keep_checkpoints: int = Field(default=2, gt=0, description="How many of the newest checkpoints to keep on disk.")
-    plot: bool = Field(default=True, description="Write training_curves.png into the run directory at the end.")
-    warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="Supervised warm-up before RL (off by default).")
-
-
-class DebugConfig(Section):
-    first_n_tasks: int = Field(default=4, gt=0, description="The debug backbone runs the first N train tasks.")
-    max_parallel: int = Field(default=4, gt=0, description="Episodes at once in debug (1: one at a time, for breakpoints).")
-
-
 class MonitorConfig(Section):
     tensorboard: bool = Field(default=True, description="Write TensorBoard event files to <run_dir>/tensorboard.")
     wandb: bool = Field(default=False, description="Log to Weights & Biases (needs wandb installed).")
     swanlab: bool = Field(default=False, description="Log to SwanLab (needs swanlab installed).")
 
 
-class RayConfig(Section):
-    address: str | None = Field(
-        default=None,
-        description="Ray cluster to join (e.g. 'ray://head:10001' or 'auto'), for the verl and trinity backbones; "
-        "none: start a local Ray head on this machine.",
-    )
+# The YAML file's values while `config_loader.build_config` validates them: a settings source
+# between the environment and the defaults (see AgentTuneConfig.settings_customise_sources).
+yaml_values: ContextVar[Mapping[str, Any] | None] = ContextVar("agenttune_yaml_values", default=None)
+
+
+class YamlValues(PydanticBaseSettingsSource):
+    """The settings source of the YAML file's values (read and checked by config_loader.read_yaml)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return (yaml_values.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(yaml_values.get() or {})
 
 
 class AgentTuneConfig(BaseSettings):
@@ -286,12 +270,15 @@ class AgentTuneConfig(BaseSettings):
     data: DataConfig = Field(default_factory=DataConfig, description="Batches and length limits.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="The RL objective (GRPO).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The training schedule.")
-    local: LocalConfig = Field(default_factory=LocalConfig, description="The `local` backbone (one machine).")
-    debug: DebugConfig = Field(default_factory=DebugConfig, description="The `debug` backbone.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Where metrics are logged.")
-    ray: RayConfig = Field(default_factory=RayConfig, description="The Ray cluster (cluster backbones).")
-    verl: dict[str, Any] = Field(default_factory=dict, description="Passed through to verl's config (verl backbone).")
-    trinity: dict[str, Any] = Field(default_factory=dict, description="Passed through to Trinity-RFT's config.")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Highest first: keyword arguments (overrides, flags), `AGENTTUNE_…` variables, the YAML file."""
+        return init_settings, env_settings, YamlValues(settings_cls)
 
     # The directory of the YAML file: workflow and judge modules next to it are importable.
     _source_dir: Path | None = PrivateAttr(default=None)
@@ -310,6 +297,26 @@ class AgentTuneConfig(BaseSettings):
     def source_dir(self) -> Path | None:
         return self._source_dir
 
-    def section(self, name: str) -> Any:
-        """A plugin-defined section (see the register_config_sections hook)."""
-        return getattr(self, name)
+    @overload
+    def section(self, name: str) -> Any: ...
+    @overload
+    def section(self, name: str, model: type[SectionModel]) -> SectionModel: ...
+
+    def section(self, name: str, model: type[BaseModel] | None = None) -> Any:
+        """The section a component or plugin owns: a backbone's `Options`, a `register_config_sections` model.
+
+        A config from `load_config` / `config_model()` holds the sections of every installed owner.
+        One made directly as `AgentTuneConfig(...)` holds none: then `model`'s defaults are returned.
+        """
+        if name in type(self).model_fields:
+            value = getattr(self, name)
+            if model is not None and not isinstance(value, model):
+                raise TypeError(f"config section {name!r} holds a {type(value).__name__}, not the {model.__name__} "
+                                "asked for: two components claim the section with different models")
+            return value
+        if model is not None:
+            return model()
+        raise UserError(f"The configuration has no section {name!r}.",
+                        hint="A plugin owns that section: install it (`agenttune plugins list` shows the sections "
+                             "of the installed plugins), and build the config with agenttune.load_config or "
+                             "config_model(), which add the plugins' sections.")

@@ -19,6 +19,9 @@ from pydantic_core import PydanticUndefined
 from agenttune.config import AgentTuneConfig
 from agenttune.references import load_reference
 
+# Built-in backbones: each one's Options is the top-level section named after it.
+BACKBONES: list[str] = ["agenttune.backbones.local:LocalBackbone", "agenttune.backbones.debug:DebugBackbone"]
+
 # (config section, "module:Class") of built-in components whose Options are documented here.
 COMPONENTS: list[tuple[str, str]] = [
     ("task_reader", "agenttune.readers.file:FileTaskReader"),
@@ -71,8 +74,11 @@ are ASTune files wrapped in a top-level `astune:`/`astuner:` key, its reader nam
 
 Sections that name a component by `type` (`task_reader`, `judge`, `engine`) take that component's
 own options as further keys; they are listed under [Component options](#component-options).
-Plugins may add top-level sections of their own (see docs/plugins.md); `verl:` and `trinity:` pass
-through to those engines.
+A backbone's options are the top-level section named after it (`local:`, `debug:`), listed under
+[Backbone options](#backbone-options). Plugins add sections of their own (docs/plugins.md): the verl
+plugin `verl:` (passed through to verl) and `ray:`, the trinity plugin `trinity:`, the agentscope,
+aworld and envservice plugins `agentscope:`, `aworld:` and `env_service:`, each documented in the
+plugin's README; `agenttune plugins list` shows which sections the installed plugins own.
 """
 
 
@@ -80,6 +86,13 @@ def generate() -> str:
     """The full text of docs/config.md."""
     parts = [INTRO, "## Reference\n", _fields_table(AgentTuneConfig, "")]
     parts += _sections(AgentTuneConfig, "")
+    parts.append("## Backbone options\n\nEach backbone reads the section named after it; it exists when the "
+                 "backbone is installed.\n")
+    for reference in BACKBONES:
+        backbone = load_reference(reference)
+        parts.append(f"### `{backbone.name}`\n\n{backbone.description}\n")
+        parts.append(_fields_table(backbone.Options, backbone.name))
+        parts += _sections(backbone.Options, backbone.name)
     parts.append("## Component options\n\nKeys a component takes in its section, next to `type`.\n")
     for section, reference in COMPONENTS:
         component = load_reference(reference)

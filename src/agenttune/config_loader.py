@@ -14,10 +14,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from agenttune.component_base import NoOptions
-from agenttune.config import AgentTuneConfig, ComponentSection
+from agenttune.config import AgentTuneConfig, ComponentSection, yaml_values
 from agenttune.errors import UserError
 from agenttune.plugins import get_plugin_manager
 
@@ -143,39 +142,26 @@ def config_model() -> type[AgentTuneConfig]:
 def _model_with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[AgentTuneConfig]:
     if not sections:
         return AgentTuneConfig
-    fields = {name: (model, Field(default_factory=model)) for name, model in sections}
+    fields = {name: (model, Field(default_factory=model, description=_first_line(model.__doc__)))
+              for name, model in sections}
     return create_model("AgentTuneConfig", __base__=AgentTuneConfig, **fields)  # type: ignore[call-overload]
 
 
-class _DictSource(PydanticBaseSettingsSource):
-    """A settings source that returns a fixed mapping (the YAML file's contents)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]):
-        super().__init__(settings_cls)
-        self.data = data
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
-        return self.data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return self.data
-
-
 def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source: str = "") -> AgentTuneConfig:
-    """Validate with priority overrides > environment > YAML > defaults."""
+    """Validate once, with priority overrides > environment > YAML > defaults (the sources are
+    composed in AgentTuneConfig.settings_customise_sources)."""
     model = config_model()
-
-    class Sourced(model):  # type: ignore[misc, valid-type]
-        @classmethod
-        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                       file_secret_settings):
-            return (init_settings, env_settings, _DictSource(settings_cls, yaml_data))
-
+    token = yaml_values.set(yaml_data)
     try:
-        validated = Sourced(**overrides)
+        return model(**overrides)
     except ValidationError as error:
         raise UserError(describe_validation_error(error, model, source, overrides)) from error
-    return model.model_validate(validated.model_dump())
+    finally:
+        yaml_values.reset(token)
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[0] if text and text.strip() else None
 
 
 def load_config(conf: str | os.PathLike[str] | Mapping[str, Any] | AgentTuneConfig | None,
@@ -237,6 +223,10 @@ def _describe_one(item: ErrorDetails, model: type[BaseModel], prefix: str = "") 
         if guess:
             return f"unknown key {key!r}; did you mean {'.'.join([*path[:-1], guess[0]])!r}?"
         valid = f" (valid keys here: {', '.join(sorted(siblings))})" if siblings else ""
+        if len(path) == 1:  # a top-level section: a component that is not installed may own it
+            return (f"unknown key {key!r}{valid}; if it is the section of a component from a plugin, install "
+                    "that plugin (agenttune-plugin-verl owns `verl:` and `ray:`, for example): `agenttune plugins "
+                    "list` shows the sections each installed plugin owns")
         return f"unknown key {key!r}{valid}"
     if item["type"] == "missing":
         return f"{key} is required"

@@ -44,7 +44,8 @@ def register_judges() -> list[type] | None:
 
 @hookspec
 def register_backbones() -> list[type] | None:
-    """Return `Backbone` subclasses; their `name` is what `--backbone` selects."""
+    """Return `Backbone` subclasses; their `name` is what `--backbone` selects, and their `Options`
+    (when not `NoOptions`) is the top-level config section of that name."""
 
 
 @hookspec
@@ -56,7 +57,9 @@ def register_engines() -> list[type] | None:
 def register_config_sections() -> dict[str, type[BaseModel]] | None:
     """Return extra top-level config sections this plugin owns, as `{section_name: pydantic model}`.
 
-    The section is validated with the model and available as `config.section(name)`.
+    The section is validated with the model and available as `config.section(name, model)`. One
+    model may be registered under one name by several plugins; different models under one name are
+    an error.
     """
 
 

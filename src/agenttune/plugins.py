@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import pluggy
 
 from agenttune import hookspecs
+from agenttune.component_base import NoOptions
 from agenttune.errors import PluginError, PluginWarning
 
 if TYPE_CHECKING:
@@ -221,17 +222,19 @@ class PluginManager:
         return sorted(self.components()[kind])
 
     def config_sections(self) -> dict[str, type]:
+        """Top-level config sections the plugins own: each backbone's `Options` under the backbone's
+        name, and the models of `register_config_sections`. One model may be registered under one
+        name by several plugins (the Ray backbones share `ray:`); two different models may not."""
         if self._sections is None:
-            self._sections = {}
+            found: dict[str, tuple[type, PluginInfo]] = {}
             for info, sections in self._call("register_config_sections"):
                 for section, model in sections.items():
-                    if section in self._sections:
-                        other = self._sections[section][1]
-                        raise PluginError(f"Plugins {other.distribution} and {info.distribution} both define "
-                                          f"the config section {section!r}.",
-                                          hint="Uninstall or disable one of them.")
-                    self._sections[section] = (model, info)
-                    info.config_sections.append(section)
+                    _add_section(found, section, model, info)
+            for name, backbone in self.components()["backbones"].items():
+                options = getattr(backbone.cls, "Options", NoOptions)
+                if options is not NoOptions:
+                    _add_section(found, name, options, backbone.plugin)
+            self._sections = found
         return {section: model for section, (model, _) in self._sections.items()}
 
     def register_commands(self, app: Any) -> None:
@@ -245,6 +248,17 @@ class PluginManager:
         self.components()
         self.config_sections()
         return sorted(self.plugins.values(), key=lambda info: (info.distribution != CORE_DISTRIBUTION, info.name))
+
+
+def _add_section(found: dict[str, tuple[type, PluginInfo]], section: str, model: type, info: PluginInfo) -> None:
+    if section in found and found[section][0] is not model:
+        other = found[section][1]
+        raise PluginError(f"Plugins {other.distribution} and {info.distribution} both define the config "
+                          f"section {section!r}, with different models.",
+                          hint="Uninstall or disable one of them.")
+    found.setdefault(section, (model, info))
+    if section not in info.config_sections:
+        info.config_sections.append(section)
 
 
 def _names_from_env(variable: str) -> set[str] | None:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.config import AgentTuneConfig
 from agenttune.config_docs import generate
-from agenttune.config_loader import load_config
+from agenttune.config_loader import config_model, load_config
 from agenttune.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,16 +37,16 @@ def test_every_source_in_priority_order(write_yaml, monkeypatch):
 def test_environment_variable_sets_a_key_the_yaml_does_not_mention(write_yaml, monkeypatch):
     monkeypatch.setenv("AGENTTUNE_DEBUG__FIRST_N_TASKS", "9")
     config = load_config(write_yaml({"debug": {"max_parallel": 1}}))
-    assert (config.debug.first_n_tasks, config.debug.max_parallel) == (9, 1)
+    assert (config.section("debug").first_n_tasks, config.section("debug").max_parallel) == (9, 1)
 
 
 def test_overrides_parse_values_as_yaml_and_create_nested_keys():
     config = load_config(None, ["rollout.compute_madness_checklist=[nonsense]", "judge.type=custom",
-                                "judge.judge_protocol=pkg.mod:Judge", "verl.actor.ppo_epochs=2",
+                                "judge.judge_protocol=pkg.mod:Judge", "local.warmup.steps=2",
                                 "task_reader.validation_split=null"])
     assert config.rollout.compute_madness_checklist == ["nonsense"]
     assert config.judge.judge_protocol == "pkg.mod:Judge"
-    assert config.verl == {"actor": {"ppo_epochs": 2}}
+    assert config.section("local").warmup.steps == 2
     assert config.task_reader.validation_split is None
 
 
@@ -126,6 +126,8 @@ def test_bad_override_syntax():
 # -- plugin config sections --------------------------------------------------------------------------------
 
 class GreetingSection(BaseModel):
+    """What the greeter says."""
+
     model_config = ConfigDict(extra="forbid")
     greeting: str = Field(default="hello", description="What to say.")
 
@@ -139,8 +141,66 @@ def test_plugin_sections_are_validated_and_reachable(register_plugin, write_yaml
 
 
 def test_plugin_sections_disappear_with_the_plugin(write_yaml):
-    with pytest.raises(UserError, match="unknown key 'greeter'"):
+    with pytest.raises(UserError, match="unknown key 'greeter'") as raised:
         load_config(write_yaml({"greeter": {"greeting": "hi"}}))
+    assert "install that plugin" in str(raised.value) and "agenttune plugins list" in str(raised.value)
+
+
+def test_a_backbone_owns_the_section_named_after_it(register_plugin, write_yaml):
+    from agenttune.backbones.base import Backbone
+
+    class Greeting(Backbone):
+        name = "greeting"
+        Options = GreetingSection
+
+    assert "greeting" not in config_model().model_fields
+    register_plugin(backbones=[Greeting])
+    config = load_config(write_yaml({"greeting": {"greeting": "hi"}}))
+    assert config.section("greeting", GreetingSection).greeting == "hi"
+    assert config_model().model_fields["greeting"].description == "What the greeter says."  # its docstring
+    with pytest.raises(UserError, match="unknown key 'greeting.greetin'; did you mean 'greeting.greeting'"):
+        load_config(write_yaml({"greeting": {"greetin": "hi"}}))
+
+
+def test_the_built_in_backbones_sections_keep_their_keys(write_yaml):
+    from agenttune.backbones.debug import DebugOptions
+    from agenttune.backbones.local.options import LocalOptions
+
+    config = load_config(write_yaml({"local": {"device": "cpu", "warmup": {"steps": 3}}, "debug": {"max_parallel": 1}}))
+    assert config.section("local", LocalOptions).warmup.steps == 3
+    assert config.section("debug", DebugOptions).max_parallel == 1
+    with pytest.raises(UserError, match="'local.lora_rnak'; did you mean 'local.lora_rank'"):
+        load_config(write_yaml({"local": {"lora_rnak": 4}}))
+
+
+def test_one_section_model_may_come_from_two_plugins_but_two_models_may_not(register_plugin):
+    from agenttune.errors import PluginError
+
+    class OtherSection(BaseModel):
+        greeting: int = 0
+
+    register_plugin(config_sections={"greeter": GreetingSection}, name="one")
+    register_plugin(config_sections={"greeter": GreetingSection}, name="two")
+    assert config_model().model_fields["greeter"].annotation is GreetingSection
+    register_plugin(config_sections={"greeter": OtherSection}, name="three", distribution="agenttune-plugin-three")
+    with pytest.raises(PluginError, match="both define the config section 'greeter', with different models"):
+        config_model()
+
+
+def test_a_directly_made_config_reads_owned_sections_as_their_defaults():
+    from agenttune.backbones.local.options import LocalOptions
+
+    config = AgentTuneConfig()
+    assert config.section("local", LocalOptions) == LocalOptions()
+    with pytest.raises(UserError, match="no section 'greeter'"):
+        config.section("greeter")
+
+
+def test_the_config_is_validated_once_into_the_model_with_the_plugins_sections(write_yaml, monkeypatch):
+    monkeypatch.setenv("AGENTTUNE_ROLLOUT__NUM_REPEAT", "3")
+    config = load_config(write_yaml({"rollout": {"num_repeat": 2, "top_k": 5}}), ["rollout.top_p=0.5"])
+    assert type(config) is config_model()
+    assert (config.rollout.num_repeat, config.rollout.top_k, config.rollout.top_p) == (3, 5, 0.5)
 
 
 # -- config show / schema / docs -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,7 +12,7 @@ from agenttune_verl.translation import SAVE_ONLY_AT_END, TRANSLATIONS, VerlPaths
 from agenttune_verl.verl_config import build_verl_config, compose_verl_base, has_key, resolved
 from omegaconf import OmegaConf
 
-from agenttune.plugin_api import AgentTuneConfig, UserError
+from agenttune.plugin_api import AgentTuneConfig, UserError, config_model
 
 # One non-default agenttune config, and what every row of the translation table must make of it.
 CUSTOM = {
@@ -109,6 +110,11 @@ EXPECTED = {
 }
 
 
+def config_with(**sections: Any) -> AgentTuneConfig:
+    """A config made in Python with the installed plugins' sections (this plugin's `verl:` and `ray:`)."""
+    return config_model()(**sections)
+
+
 @pytest.fixture(scope="module")
 def verl_base():
     return compose_verl_base()
@@ -128,7 +134,7 @@ def test_every_translated_key_exists_in_verls_own_config(verl_base):
 
 
 def test_the_translation_table_is_covered():
-    values = translated_values(AgentTuneConfig(**CUSTOM), PATHS)
+    values = translated_values(config_with(**CUSTOM), PATHS)
     assert set(values) == set(EXPECTED), "every row of the table needs an expectation here"
     assert values == EXPECTED
 
@@ -153,14 +159,14 @@ def test_the_translation_table_is_covered():
     ({"trainer": {"mode": "async", "max_staleness": 0}}, "trainer.v1.sampler.max_off_policy_threshold", 1),
 ])
 def test_translation_defaults(overrides, key, expected):
-    assert translated_values(AgentTuneConfig(**overrides), PATHS)[key] == expected
+    assert translated_values(config_with(**overrides), PATHS)[key] == expected
 
 
 def test_generated_config_passes_verls_own_validation(tiny_model_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    config = AgentTuneConfig(**{**CUSTOM, "model": {"path": str(tiny_model_path)}})
+    config = config_with(**{**CUSTOM, "model": {"path": str(tiny_model_path)}})
     verl_config = build_verl_config(config, PATHS)
     validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
                     use_critic=need_critic(verl_config))
@@ -174,7 +180,7 @@ def test_generated_config_passes_verls_own_validation(tiny_model_path):
 
 
 def test_passthrough_is_applied_verbatim_last(verl_base):
-    config = AgentTuneConfig(verl={
+    config = config_with(verl={
         "actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.7, "n": 16}},
         "trainer.balance_batch": False,
         "+actor_rollout_ref.rollout.engine_kwargs.vllm": {"swap_space": 4},
@@ -189,7 +195,7 @@ def test_passthrough_is_applied_verbatim_last(verl_base):
 
 
 def test_passthrough_typo_is_a_user_error_with_a_suggestion():
-    config = AgentTuneConfig(verl={"actor_rollout_ref": {"rollout": {"gpu_memory_utilisation": 0.7}}})
+    config = config_with(verl={"actor_rollout_ref": {"rollout": {"gpu_memory_utilisation": 0.7}}})
     with pytest.raises(UserError) as raised:
         build_verl_config(config, PATHS)
     message = raised.value.render()
@@ -199,7 +205,7 @@ def test_passthrough_typo_is_a_user_error_with_a_suggestion():
 
 
 def test_native_config_is_complete_and_resolved():
-    native = VerlBackbone.native_config(AgentTuneConfig(model={"path": "/models/qwen"}))
+    native = VerlBackbone.native_config(config_with(model={"path": "/models/qwen"}))
     assert native["data"]["train_files"] == "<run_dir>/verl/train.parquet"
     assert native["data"]["val_files"] == "<run_dir>/verl/train.parquet"  # no validation split
     # verl interpolation resolved; the limit derives from model.max_model_len (4096) - the reply budget (512)
@@ -236,7 +242,7 @@ def test_config_show_prints_the_verl_config(tmp_path, capsys):
     ({"trainer": {"n_gpus_per_node": 0}}, "verl trains on GPUs"),
 ])
 def test_config_problems_are_user_errors(overrides, words):
-    config = AgentTuneConfig(**{"model": {"path": "/models/qwen"}, **overrides})
+    config = config_with(**{"model": {"path": "/models/qwen"}, **overrides})
     problems = config_problems(config)
     assert len(problems) == 1 and words in problems[0].render()
     with pytest.raises(UserError, match="."):
@@ -244,12 +250,12 @@ def test_config_problems_are_user_errors(overrides, words):
 
 
 def test_a_valid_config_has_no_problems():
-    assert config_problems(AgentTuneConfig(**CUSTOM)) == []
+    assert config_problems(config_with(**CUSTOM)) == []
 
 
 def test_placeholder_paths_are_what_a_run_writes(tmp_path: Path):
     run_paths = VerlPaths.for_run(tmp_path, has_validation=True)
-    placeholder = VerlPaths.placeholder(AgentTuneConfig(task_reader={"validation_split": "test"}))
+    placeholder = VerlPaths.placeholder(config_with(task_reader={"validation_split": "test"}))
     for real, shown in zip((run_paths.train_files, run_paths.val_files, run_paths.agent_loop_config,
                             run_paths.checkpoints),
                            (placeholder.train_files, placeholder.val_files, placeholder.agent_loop_config,
@@ -291,7 +297,7 @@ def test_main_ppo_picks_verls_trainer_for_the_mode(tiny_model_path, mode, max_st
     from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.utils.config import validate_config
 
-    config = AgentTuneConfig(**{**CUSTOM, "model": {"path": str(tiny_model_path)},
+    config = config_with(**{**CUSTOM, "model": {"path": str(tiny_model_path)},
                                 "trainer": {**CUSTOM["trainer"], "mode": mode, "max_staleness": max_staleness}})
     verl_config = build_verl_config(config, PATHS)
     validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
@@ -306,7 +312,7 @@ def test_verls_replay_buffer_drops_exactly_the_groups_agenttune_calls_stale(max_
     the group's first tokens came from weights of version >= g - 1, the step trains version s - 1."""
     from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-    config = AgentTuneConfig(model={"path": "/models/qwen"}, trainer={"mode": "async", "max_staleness": max_staleness})
+    config = config_with(model={"path": "/models/qwen"}, trainer={"mode": "async", "max_staleness": max_staleness})
     v1 = build_verl_config(config, PATHS).trainer.v1
     buffer = ReplayBufferAsync(trainer_mode=v1.trainer_mode, trainer_config=v1.get(v1.trainer_mode, {}),
                                max_off_policy_threshold=v1.sampler.max_off_policy_threshold,
@@ -324,14 +330,14 @@ def test_verls_replay_buffer_drops_exactly_the_groups_agenttune_calls_stale(max_
 
 
 def test_one_step_off_is_max_staleness_one_for_verl_too():
-    one_step_off = translated_values(AgentTuneConfig(trainer={"mode": "one_step_off", "max_staleness": 7}), PATHS)
-    async_one = translated_values(AgentTuneConfig(trainer={"mode": "async", "max_staleness": 1}), PATHS)
+    one_step_off = translated_values(config_with(trainer={"mode": "one_step_off", "max_staleness": 7}), PATHS)
+    async_one = translated_values(config_with(trainer={"mode": "async", "max_staleness": 1}), PATHS)
     assert one_step_off == async_one
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_asynchronous_modes_on_verls_legacy_trainer_are_refused(mode):
-    config = AgentTuneConfig(model={"path": "/models/qwen"}, trainer={"mode": mode},
+    config = config_with(model={"path": "/models/qwen"}, trainer={"mode": mode},
                              verl={"trainer": {"use_v1": False}})
     with pytest.raises(UserError) as raised:
         VerlBackbone.check(config)
@@ -339,13 +345,13 @@ def test_asynchronous_modes_on_verls_legacy_trainer_are_refused(mode):
     assert f"trainer.mode={mode!r}" in message and "legacy trainer" in message
     assert "Remove `trainer.use_v1: false`" in message
     # synchronous training on the legacy trainer stays possible
-    VerlBackbone.check(AgentTuneConfig(model={"path": "/models/qwen"}, verl={"trainer.use_v1": False}))
+    VerlBackbone.check(config_with(model={"path": "/models/qwen"}, verl={"trainer.use_v1": False}))
 
 
 def test_separate_async_is_one_verl_override_away():
     """verl's separate_async trainer (its own rollout GPUs) takes the translated staleness bound and
     warm-up; its assertion train_batch_size == parameter_sync_step x ppo_mini_batch_size holds."""
-    config = AgentTuneConfig(model={"path": "/models/qwen"}, trainer={"mode": "async", "max_staleness": 2},
+    config = config_with(model={"path": "/models/qwen"}, trainer={"mode": "async", "max_staleness": 2},
                              verl={"trainer.v1.trainer_mode": "separate_async"})
     verl_config = resolved(build_verl_config(config, PATHS))
     v1 = verl_config["trainer"]["v1"]
@@ -353,3 +359,14 @@ def test_separate_async_is_one_verl_override_away():
     assert v1["separate_async"]["num_warmup_batches"] == 2 and v1["sampler"]["max_off_policy_threshold"] == 3
     mini_batch = verl_config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
     assert verl_config["data"]["train_batch_size"] == v1["separate_async"]["parameter_sync_step"] * mini_batch
+
+
+def test_the_plugin_owns_the_verl_and_ray_sections():
+    from agenttune.plugin_api import get_plugin_manager, load_config
+    from agenttune_verl.options import RayOptions, VerlOptions
+
+    config = load_config({"verl": {"trainer.balance_batch": False}, "ray": {"address": "auto"}})
+    assert config.section("verl", VerlOptions).root == {"trainer.balance_batch": False}
+    assert config.section("ray", RayOptions).address == "auto"
+    sections = {info.name: info.config_sections for info in get_plugin_manager().infos()}
+    assert sorted(sections["verl"]) == ["ray", "verl"]  # what `agenttune plugins list` shows

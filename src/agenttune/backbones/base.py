@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from agenttune.component_base import Component
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:
@@ -11,17 +12,19 @@ if TYPE_CHECKING:
     from agenttune.run import Run
 
 
-class Backbone:
+class Backbone(Component):
     """Runs a configured job.
 
-    `name` is what `--backbone` selects. `check(config)` runs before any heavy work: it raises
+    `name` is what `--backbone` selects. `Options` is the backbone's own top-level config section,
+    named after it (`local:`, `debug:`, `verl:`): the section exists when the backbone is installed
+    and is read back with `config.section(name, Options)`; the default `NoOptions` adds none.
+    `check(config)` runs before any heavy work: it raises
     `UserError` when the backbone's requirements are missing (a package, a GPU, a config value).
     `native_config(config)` returns the engine's own configuration generated from agenttune's
     (printed by `agenttune config show --backbone NAME`), or None when there is none.
     `run(run)` does the job inside the prepared run directory.
     """
 
-    name: ClassVar[str] = ""
     description: ClassVar[str] = ""
 
     @classmethod
@@ -48,3 +51,4 @@ def missing_validation_split(config: AgentTuneConfig) -> UserError | None:
     return UserError("trainer.test_freq / trainer.val_before_train ask for validation, but task_reader.validation_split "
                      "is not set.", hint="Set task_reader.validation_split, or set trainer.test_freq=0 and "
                                          "trainer.val_before_train=false.")
+

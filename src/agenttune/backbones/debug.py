@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from pydantic import Field
+
 from agenttune.backbones.base import Backbone
+from agenttune.config import Section
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,9 +25,17 @@ if TYPE_CHECKING:
 STEP = 1
 
 
+class DebugOptions(Section):
+    """The `debug:` section."""
+
+    first_n_tasks: int = Field(default=4, gt=0, description="The debug backbone runs the first N train tasks.")
+    max_parallel: int = Field(default=4, gt=0, description="Episodes at once in debug (1: one at a time, for breakpoints).")
+
+
 class DebugBackbone(Backbone):
     name: ClassVar[str] = "debug"
     description: ClassVar[str] = "Roll out and judge the first tasks in the main process: no training, no Ray."
+    Options: ClassVar[type[DebugOptions]] = DebugOptions
 
     def run(self, run: Run) -> None:
         from agenttune.rollout.session import run_until_done
@@ -37,12 +48,13 @@ class DebugBackbone(Backbone):
         from agenttune.rollout.session import rollout_session
 
         config = run.config
+        options = config.section(self.name, DebugOptions)
         console = Console(highlight=False)
-        async with rollout_session(config, run=run, max_parallel=config.debug.max_parallel,
+        async with rollout_session(config, run=run, max_parallel=options.max_parallel,
                                    on_episode=lambda episode: console.print(episode_line(episode))) as session:
-            tasks = session.tasks(config.task_reader.train_split, limit=config.debug.first_n_tasks)
+            tasks = session.tasks(config.task_reader.train_split, limit=options.first_n_tasks)
             console.print(f"Rolling out {len(tasks)} task(s) x {config.rollout.num_repeat} "
-                          f"({config.debug.max_parallel} at once) ...")
+                          f"({options.max_parallel} at once) ...")
             episodes = await session.rollout.run_tasks(tasks)
             metrics = session.record(STEP, "train", episodes)
             metrics_log, rollout_log = session.metrics_log, session.rollout_log

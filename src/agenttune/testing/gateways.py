@@ -13,15 +13,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from agenttune.config import AgentTuneConfig, ModelConfig
+from agenttune.config_loader import config_model
 from agenttune.engines.base import InferenceEngine
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer
 
 
 def tiny_config(**sections: Any) -> AgentTuneConfig:
-    """A config for the tiny model; keyword arguments are top-level sections, e.g. rollout={...}."""
+    """A config for the tiny model; keyword arguments are top-level sections, e.g. rollout={...}
+    (plugins' sections included)."""
     model = ModelConfig.model_validate({"path": "tiny://default", **sections.pop("model", {})})
-    return AgentTuneConfig(model=model, **sections)
+    return config_model()(model=model, **sections)
 
 
 @asynccontextmanager

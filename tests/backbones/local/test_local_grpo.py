@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agenttune.backbones.local.advantages import group_advantages
 from agenttune.backbones.local.batching import build_items, micro_batches
 from agenttune.config import AgentTuneConfig
+from agenttune.config_loader import load_config
 from agenttune.episode import Episode, EpisodeStatus, Sample
 from agenttune.task import Task
 
@@ -123,13 +124,7 @@ def test_long_samples_are_split_or_dropped_and_counted_never_cut():
 
 # -- the trainer on a real (tiny) transformers model ---------------------------------------------------
 def make_config(**sections) -> AgentTuneConfig:
-    config = AgentTuneConfig()
-    config.model.path = TINY
-    config.trainer.learning_rate = 1e-3
-    for section, values in sections.items():
-        for key, value in values.items():
-            setattr(getattr(config, section), key, value)
-    return config
+    return load_config({"model": {"path": TINY}, "trainer": {"learning_rate": 1e-3}, **sections})
 
 
 def make_trainer(config, checkpoint=None, total_steps=4):

@@ -76,8 +76,4 @@ def compression_context_size(config: Any) -> int:
 
 def _options(tuner: ModelTuner) -> AgentScopeOptions:
     """The `agentscope:` section of the run's config (its defaults when the config has none)."""
-    try:
-        section = tuner.config.section("agentscope")
-    except AttributeError:
-        return AgentScopeOptions()
-    return section if isinstance(section, AgentScopeOptions) else AgentScopeOptions.model_validate(section)
+    return tuner.config.section("agentscope", AgentScopeOptions)

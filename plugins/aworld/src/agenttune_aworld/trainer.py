@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agenttune.plugin_api import Trainer, UserError, load_config, reference_for, with_changes
+from agenttune_aworld.options import AWorldOptions
 
 if TYPE_CHECKING:
     from agenttune.plugin_api import Run
@@ -53,7 +54,7 @@ class AgentTrainer:
         base = load_config(config, list(overrides), backbone=backbone or train_engine_name)
         configured = with_changes(base, {
             "agent_framework": "aworld",
-            "aworld": {**base.section("aworld").model_dump(), "agent": agent_reference(agent)},
+            "aworld": {**base.section("aworld", AWorldOptions).model_dump(), "agent": agent_reference(agent)},
         })
         judge, judge_options = reward_judge(reward_func, configured)
         if judge_options:

@@ -80,8 +80,9 @@ class AgentWorkflow(Workflow):
 def configured_agent(config: Any) -> Any:
     """The agent (or agent factory) that the `aworld.agent` reference names."""
     from agenttune.plugin_api import load_reference
+    from agenttune_aworld.options import AWorldOptions
 
-    reference = getattr(config.section("aworld"), "agent", None)
+    reference = config.section("aworld", AWorldOptions).agent
     if not reference:
         raise UserError("aworld.agent is not set, so AgentWorkflow has no agent to run.",
                         hint="Set aworld.agent to 'my_module:build_agent' (a function returning an AWorld Agent), "

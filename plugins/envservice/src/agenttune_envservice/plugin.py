@@ -33,7 +33,7 @@ def run_services(config: Any, run: Any):
     """Start the EnvService server when `env_service.command` is set; export its URL for the run."""
     from agenttune_envservice.launcher import EnvServiceSection, env_service_for_run
 
-    section = config.section("env_service")
+    section = config.section("env_service", EnvServiceSection)
     if not section.command and section == EnvServiceSection():
         return None  # nothing configured: this run does not use the section
     return env_service_for_run(section, run.run_dir)

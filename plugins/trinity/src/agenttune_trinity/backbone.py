@@ -6,6 +6,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agenttune.plugin_api import Backbone, UserError, missing_validation_split
+from agenttune_trinity.options import TrinityOptions
 from agenttune_trinity.translation import TrinityPaths, generated_config, trinity_config
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 class TrinityBackbone(Backbone):
     name: ClassVar[str] = "trinity"
     description: ClassVar[str] = "GRPO on a Ray GPU cluster through Trinity-RFT 0.6.0 (vLLM rollouts, verl training)."
+    Options: ClassVar[type[TrinityOptions]] = TrinityOptions
 
     @classmethod
     def check(cls, config: AgentTuneConfig) -> None:
@@ -51,7 +53,7 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
                                   hint="Set model.path to a Hugging Face model id or a local model directory."))
     if validation := missing_validation_split(config):
         problems.append(validation)
-    if (config.trinity.get("model") or {}).get("lora_configs"):
+    if (config.section("trinity", TrinityOptions).root.get("model") or {}).get("lora_configs"):
         problems.append(UserError(
             "trinity.model.lora_configs is not supported with agenttune workflows: the gateway asks Trinity's "
             "vLLM server for the base model by name, so a LoRA adapter would be trained but never sampled from.",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.plugin_api import AgentTuneConfig, UserError
+from agenttune_trinity.options import TrinityOptions
 
 # The Trinity workflow that runs agenttune workflows, by dotted path: Trinity imports it in each of
 # its workflow-runner processes (`WORKFLOWS.get("pkg.mod.Class")`), nothing has to be pre-registered.
@@ -345,7 +346,7 @@ def generated_config(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, 
 
 def trinity_config(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, Any]:
     """Trinity's config for `config`: the table, then the `trinity:` section merged over it."""
-    return deep_merge(generated_config(config, paths), config.trinity)
+    return deep_merge(generated_config(config, paths), config.section("trinity", TrinityOptions).root)
 
 
 def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -6,6 +6,7 @@ import importlib.util
 from typing import Any, ClassVar
 
 from agenttune.plugin_api import AgentTuneConfig, Backbone, Run, UserError, missing_validation_split
+from agenttune_verl.options import VerlOptions
 from agenttune_verl.translation import VerlPaths, total_gpus
 
 # verl's FSDP optimiser schedules (verl.workers.config.FSDPOptimizerConfig)
@@ -15,6 +16,7 @@ VERL_LR_SCHEDULES = ("constant", "cosine")
 class VerlBackbone(Backbone):
     name: ClassVar[str] = "verl"
     description: ClassVar[str] = "GRPO on a Ray GPU cluster through verl 0.9.1 (vLLM rollouts, FSDP training)."
+    Options: ClassVar[type[VerlOptions]] = VerlOptions
 
     @classmethod
     def check(cls, config: AgentTuneConfig) -> None:

@@ -37,6 +37,7 @@ from agenttune.plugin_api import (
 )
 from agenttune_verl.dataset import write_tasks
 from agenttune_verl.metrics_bridge import MetricsFollower
+from agenttune_verl.options import RayOptions
 from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus
 from agenttune_verl.verl_config import build_verl_config
 
@@ -116,7 +117,7 @@ def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
     """Join `ray.address` or start a local Ray head; check its GPUs; yield the address verl should join."""
     import ray
 
-    address = config.ray.address
+    address = config.section("ray", RayOptions).address
     where = f"at {address}" if address else "started on this machine"
     try:
         if address:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agenttune.plugin_api import AgentTuneConfig, UserError
+from agenttune_verl.options import VerlOptions
 from agenttune_verl.translation import VerlPaths, translated_values
 
 VERL_CONFIG_MODULE = "verl.trainer.config"
@@ -41,7 +42,7 @@ def build_verl_config(config: AgentTuneConfig, paths: VerlPaths) -> Any:
     for key, value in translated_values(config, paths).items():
         # struct mode: raises if verl 0.9.1 has no such key (a bug in our table, not a user error)
         OmegaConf.update(verl_config, key, value, merge=False)
-    apply_passthrough(verl_config, config.verl)
+    apply_passthrough(verl_config, config.section("verl", VerlOptions).root)
     check_async_support(config, verl_config)
     return verl_config
 

@@ -5,6 +5,7 @@ so listing plugins stays fast. The pieces:
 
     loop.py         roll out -> GRPO step -> validate -> checkpoint, with progress and metrics
     trainer.py      one GRPO step (advantages, clipped loss, KL, micro-batches, AdamW)
+    options.py      the `local:` section of the config
     advantages.py   group-normalised advantages      loss.py      the objective
     batching.py     samples -> micro-batches         logprobs.py  per-token log-probs
     policy.py       model loading, LoRA, reference   warmup.py    supervised warm-up
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from agenttune.backbones.base import Backbone
+from agenttune.backbones.local.options import LocalOptions
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:
@@ -33,11 +35,13 @@ SUPPORTED_ENGINES = ("hf", "vllm")
 class LocalBackbone(Backbone):
     name: ClassVar[str] = "local"
     description: ClassVar[str] = "GRPO on this machine (CPU or one GPU), no Ray; the engine shares the trained weights."
+    Options: ClassVar[type[LocalOptions]] = LocalOptions
 
     @classmethod
     def check(cls, config: AgentTuneConfig) -> None:
+        local = config.section(cls.name, LocalOptions)
         missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
-        if config.local.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+        if local.lora_rank > 0 and importlib.util.find_spec("peft") is None:
             missing.append("peft")
         if config.monitor.tensorboard and importlib.util.find_spec("tensorboard") is None:
             missing.append("tensorboard")
@@ -52,7 +56,7 @@ class LocalBackbone(Backbone):
         if not config.model.path:
             raise UserError("model.path is not set.",
                             hint="Set model.path to a model directory, a Hugging Face model id, or tiny://default.")
-        warmup = config.local.warmup.data
+        warmup = local.warmup.data
         if warmup and not Path(warmup).is_file():
             raise UserError(f"local.warmup.data: {warmup!r} does not exist.",
                             hint="Point it at a JSONL file of demonstration conversations, or remove the key.")

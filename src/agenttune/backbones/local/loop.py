@@ -20,6 +20,7 @@ import torch
 from agenttune.backbones.local import checkpoint as checkpoints
 from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
 from agenttune.backbones.local.monitor import Trackers
+from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.policy import (
     Policy,
     count_parameters,
@@ -82,15 +83,16 @@ def prepare(run: Run) -> Setup:
     total_steps = config.trainer.total_steps or config.trainer.total_epochs * order.batches_per_epoch
 
     resume_from = _resume_checkpoint(run)
-    device = resolve_device(config.local.device)
+    local = local_options(config)
+    device = resolve_device(local.device)
     tokenizer = load_tokenizer(config.model)
     _quiet_transformers()
     model = load_policy(config, device, checkpoint=resume_from / "model" if resume_from else None)
     trainable, total = count_parameters(model)
     log.info("policy loaded", device=str(device), dtype=str(next(model.parameters()).dtype),
-             trainable_parameters=trainable, parameters=total, lora=config.local.lora_rank > 0)
-    if resume_from is None and config.local.warmup.data:
-        _warm_up(run, model, tokenizer, config.local.warmup.data)
+             trainable_parameters=trainable, parameters=total, lora=local.lora_rank > 0)
+    if resume_from is None and local.warmup.data:
+        _warm_up(run, model, tokenizer, local.warmup.data)
     trainer = GRPOTrainer(model, config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
                           reference=reference_scope(config, model, device))
     start_step, pending = 0, []
@@ -149,7 +151,7 @@ def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any, data: str) -> Non
     from agenttune.backbones.local.warmup import demonstration_item, read_conversations, supervised_warmup
 
     config = run.config
-    warmup = config.local.warmup
+    warmup = local_options(config).warmup
     conversations = read_conversations(data)
     needed = warmup.steps * warmup.batch_size
     if needed < len(conversations):  # render only what the warm-up will see
@@ -160,7 +162,7 @@ def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any, data: str) -> Non
     with TrainingProgress(warmup.steps, label="warm-up") as progress:
         metrics = supervised_warmup(
             model, items, steps=warmup.steps, batch_size=warmup.batch_size, learning_rate=warmup.learning_rate,
-            micro_batch_tokens=config.local.micro_batch_tokens, pad_token_id=_pad_id(tokenizer),
+            micro_batch_tokens=local_options(config).micro_batch_tokens, pad_token_id=_pad_id(tokenizer),
             seed=config.trainer.seed,
             on_step=lambda step, m: progress.warmup_step(step, m),
         )
@@ -342,15 +344,15 @@ def _write(metrics_log: MetricsLog, trackers: Trackers, step: int, metrics: dict
 
 
 def _save(run: Run, setup: Setup, step: int) -> None:
-    config = run.config
+    config, local = run.config, local_options(run.config)
     state = checkpoints.CheckpointState(
         step=step, task_order=setup.order.state_dict(), base_model=resolve_model_path(config.model.path),
-        lora=config.local.lora_rank > 0,
+        lora=local.lora_rank > 0,
     )
     if setup.pipeline is not None:  # started or queued groups a resumed run must start again
         state.extra["pending_tasks"] = [task.model_dump(mode="json") for task in setup.pipeline.pending()]
     path = checkpoints.save_checkpoint(run.checkpoints_dir, state, model=setup.model, tokenizer=setup.tokenizer,
-                                       trainer_state=setup.trainer.state_dict(), keep=config.local.keep_checkpoints)
+                                       trainer_state=setup.trainer.state_dict(), keep=local.keep_checkpoints)
     log.info("checkpoint saved", path=str(path))
 
 
@@ -362,7 +364,7 @@ def _finish(run: Run) -> None:
         return
     console = Console()
     console.print(summary_table(records))
-    if run.config.local.plot:
+    if local_options(run.config).plot:
         path = plot_curves(records, run.run_dir / PLOT_NAME, title=f"{run.config.experiment_name} ({run.run_dir.name})")
         if path is not None:
             console.print(f"training curves: {path}")

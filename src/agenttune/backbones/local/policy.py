@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
+from agenttune.backbones.local.options import local_options
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
 from agenttune.model_loading import resolve_model_path, torch_dtype
@@ -51,7 +52,7 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
 
     `checkpoint` is a checkpoint's `model/` directory: full weights, or a LoRA adapter on the base model.
     """
-    local = config.local
+    local = local_options(config)
     lora = local.lora_rank > 0
     weights = str(checkpoint) if checkpoint is not None and not lora else resolve_model_path(config.model.path)
     base = load_pretrained(weights, config, device)
@@ -67,7 +68,7 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
 def _with_lora(model: PreTrainedModel, config: AgentTuneConfig, *, adapter: Path | None) -> PeftModel:
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    local = config.local
+    local = local_options(config)
     if adapter is not None:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
     lora_config = LoraConfig(
@@ -88,7 +89,7 @@ def reference_scope(config: AgentTuneConfig, policy: Policy, device: torch.devic
     """
     if config.algorithm.kl_coef <= 0:
         return None
-    if config.local.lora_rank > 0:
+    if local_options(config).lora_rank > 0:
         from peft import PeftModel
 
         assert isinstance(policy, PeftModel)  # load_policy wrapped it (lora_rank > 0)

@@ -18,6 +18,7 @@ from agenttune.backbones.local.advantages import group_advantages
 from agenttune.backbones.local.batching import ItemStats, build_items, micro_batches
 from agenttune.backbones.local.logprobs import Batch, collate, token_logprobs
 from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
+from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
@@ -84,7 +85,7 @@ class GRPOTrainer:
             try:
                 metrics.update(self._update([
                     collate(group, self.pad_token_id, self.device)
-                    for group in micro_batches(items, self.config.local.micro_batch_tokens)
+                    for group in micro_batches(items, local_options(self.config).micro_batch_tokens)
                 ]))
             finally:
                 self.model.train(was_training)
@@ -98,7 +99,7 @@ class GRPOTrainer:
         return metrics
 
     def _update(self, batches: list[Batch]) -> dict[str, float]:
-        local, algorithm = self.config.local, self.config.algorithm
+        local, algorithm = local_options(self.config), self.config.algorithm
         correction = algorithm.rollout_correction
         on_policy = local.ppo_epochs * local.mini_batches == 1
         # With a single update the weights cannot move before the loss is taken, so the "old"

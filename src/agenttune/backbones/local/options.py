@@ -1,0 +1,48 @@
+"""The `local:` section: the local backbone's options (it owns them; see Backbone.Options)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from agenttune.config import Section
+
+if TYPE_CHECKING:
+    from agenttune.config import AgentTuneConfig
+
+
+class WarmupOptions(Section):
+    """Supervised warm-up before RL (`local.warmup`)."""
+
+    data: str | None = Field(
+        default=None,
+        description="JSONL of demonstration conversations ({\"messages\": [...], \"tools\": [...]}) for a supervised "
+        "warm-up before RL; none: no warm-up. Relative paths are relative to the current directory.",
+    )
+    steps: int = Field(default=100, ge=0, description="Warm-up optimizer steps.")
+    batch_size: int = Field(default=32, gt=0, description="Conversations per warm-up step.")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Warm-up learning rate (constant, then a linear decay to 0 over the last 20% of the steps).")
+
+
+class LocalOptions(Section):
+    """The `local:` section: training on this machine."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the local backbone trains.")
+    micro_batch_tokens: int = Field(default=8192, gt=0, description="Token budget of one micro-batch.")
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
+    lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")
+    lora_target_modules: list[str] | str = Field(default="all-linear", description="Modules LoRA adapts.")
+    mini_batches: int = Field(
+        default=1, gt=0, description="Optimizer updates per step: the step's samples are split into this many mini-batches."
+    )
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over the step's samples (each pass does `mini_batches` updates).")
+    keep_checkpoints: int = Field(default=2, gt=0, description="How many of the newest checkpoints to keep on disk.")
+    plot: bool = Field(default=True, description="Write training_curves.png into the run directory at the end.")
+    warmup: WarmupOptions = Field(default_factory=WarmupOptions, description="Supervised warm-up before RL (off by default).")
+
+
+def local_options(config: AgentTuneConfig) -> LocalOptions:
+    """The config's `local:` section (its defaults when the config was built without the local backbone)."""
+    return config.section("local", LocalOptions)
