@@ -103,7 +103,7 @@ async def test_session_needs_a_workflow(session_config):
 
 
 def test_run_until_done_abandons_tasks_that_refuse_to_stop(monkeypatch):
-    monkeypatch.setattr("agenttune.rollout.session.SHUTDOWN_GRACE_S", 0.1)
+    monkeypatch.setattr("agenttune.rollout.running.SHUTDOWN_GRACE_S", 0.1)
     stop = []
 
     async def stubborn():

@@ -9,17 +9,33 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agenttune.engines.base import SamplingParams
 from agenttune.episode import Sample
+from agenttune.gateway.reply import RequestHandler
 from agenttune.gateway.timeline import BREAK_REASONS, SampleBuilder, Timeline
 
 if TYPE_CHECKING:
-    from agenttune.gateway.server import Gateway
+    from agenttune.gateway.rendering import ChatRenderer
     from agenttune.gateway.transport import AsyncInProcessTransport, InProcessTransport
 
 DEFAULT_AGENT = "default"
+
+
+class ChannelHost(RequestHandler, Protocol):
+    """What a channel needs from the gateway that opened it (`agenttune.gateway.Gateway`): its
+    addresses, its renderer, and its request handler for the in-process transports. A Protocol, so
+    that the channel does not import the server, which imports the channel."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def root_url(self) -> str: ...
+
+    @property
+    def renderer(self) -> ChatRenderer: ...
 
 
 @dataclass
@@ -37,7 +53,7 @@ class EpisodeRecord:
 class EpisodeChannel:
     """One episode's door into the gateway (its key and addresses) and its record."""
 
-    def __init__(self, gateway: Gateway, episode_id: str, key: str, sampling: SamplingParams):
+    def __init__(self, gateway: ChannelHost, episode_id: str, key: str, sampling: SamplingParams):
         self.gateway = gateway
         self.episode_id = episode_id
         self.key = key
@@ -69,7 +85,7 @@ class EpisodeChannel:
 
     def transport(self) -> InProcessTransport:
         """An `httpx` transport that reaches the gateway without a socket (sync clients)."""
-        from agenttune.gateway.transport import InProcessTransport
+        from agenttune.gateway.transport import InProcessTransport  # (httpx loads on first use)
 
         return InProcessTransport(self.gateway)
 
@@ -128,4 +144,4 @@ class EpisodeChannel:
         self.madness_details.append(f"{check}: {detail}")
 
 
-__all__ = ["EpisodeChannel", "EpisodeRecord", "BREAK_REASONS", "DEFAULT_AGENT"]
+__all__ = ["ChannelHost", "EpisodeChannel", "EpisodeRecord", "BREAK_REASONS", "DEFAULT_AGENT"]

@@ -18,7 +18,7 @@ from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.reasoning import ThinkParser
 from agenttune.gateway.rendering import ChatRenderer
-from agenttune.gateway.responses import ChunkWriter
+from agenttune.gateway.responses import ChatResult, ChunkWriter
 from agenttune.gateway.streaming import DeltaStream
 from agenttune.gateway.timeline import Prompt, Timeline
 from agenttune.gateway.tool_parsers import ToolParse, ToolParser
@@ -30,20 +30,6 @@ class _Decoded:
     text_ids: list[int]  # the same without the final stop token
     text: str
     stop_token: int | None  # the final stop token, when the reply ended on one
-
-
-@dataclass
-class ChatResult:
-    """A finished call, ready to be written as a JSON body or as SSE chunks."""
-
-    request: ChatRequest
-    id: str
-    created: int
-    message: dict[str, Any]
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    token_logprobs: list[tuple[str, float]] | None = None
 
 
 class ChatCompletions:

@@ -1,12 +1,16 @@
-"""Writing a chat completion as OpenAI JSON, or as server-sent events ending in a usage chunk."""
+"""Writing a chat completion (`ChatResult`) as OpenAI JSON, or as server-sent events ending in a usage chunk.
+
+`ChatResult` is defined here, beside what writes it: completions.py makes results and imports the
+writers, so the writers cannot import completions.py (an import cycle).
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune.gateway.completions import ChatResult
     from agenttune.gateway.errors import GatewayError
     from agenttune.gateway.protocol import ChatRequest
 
@@ -15,6 +19,20 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.d
 
 def dumps(value: Any) -> bytes:
     return _COMPACT.encode(value).encode()
+
+
+@dataclass
+class ChatResult:
+    """A finished call, ready to be written as a JSON body or as SSE chunks."""
+
+    request: ChatRequest
+    id: str
+    created: int
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    token_logprobs: list[tuple[str, float]] | None = None
 
 
 def _usage(result: ChatResult) -> dict[str, int]:

@@ -20,8 +20,6 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -35,6 +33,7 @@ from agenttune.gateway.errors import GatewayError, bad_request
 from agenttune.gateway.protocol import parse_chat_request
 from agenttune.gateway.reasoning import get_reasoning_parser
 from agenttune.gateway.rendering import ChatRenderer
+from agenttune.gateway.reply import EVENTS, Reply
 from agenttune.gateway.responses import completion_body, completion_events, dumps
 from agenttune.gateway.tool_parsers import get_tool_parser
 from agenttune.loopback import is_loopback
@@ -44,22 +43,6 @@ log = structlog.get_logger("agenttune.gateway")
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _NAME = re.compile(r"[A-Za-z0-9_.:@+=-]{1,40}")  # an API key that reads like a conversation's name
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or a raw UTF-16 surrogate
-JSON = "application/json"
-EVENTS = "text/event-stream"
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: str = JSON
-    stream: AsyncIterator[bytes] | None = None  # a streamed reply's events (then `body` is empty)
-
-    async def read(self) -> bytes:
-        """The whole body (a stream is read to its end)."""
-        if self.stream is None:
-            return self.body
-        return b"".join([chunk async for chunk in self.stream])
 
 
 class Gateway:

@@ -7,12 +7,10 @@ stays on the gateway's event loop: calls from other threads or loops are handed 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import httpx
 
-if TYPE_CHECKING:
-    from agenttune.gateway.server import Gateway, Reply
+from agenttune.gateway.reply import Reply, RequestHandler
 
 
 class _Response(httpx.Response):
@@ -59,8 +57,6 @@ class _EventStream(httpx.AsyncByteStream):
 
 async def _whole(call) -> Reply:
     """The reply with a stream read to its end, on the gateway's loop (for clients on other loops or threads)."""
-    from agenttune.gateway.server import Reply
-
     reply = await call
     if reply.stream is None:
         return reply
@@ -68,7 +64,7 @@ async def _whole(call) -> Reply:
 
 
 class AsyncInProcessTransport(httpx.AsyncBaseTransport):
-    def __init__(self, gateway: Gateway):
+    def __init__(self, gateway: RequestHandler):
         self.gateway = gateway
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -83,7 +79,7 @@ class AsyncInProcessTransport(httpx.AsyncBaseTransport):
 
 
 class InProcessTransport(httpx.BaseTransport):
-    def __init__(self, gateway: Gateway):
+    def __init__(self, gateway: RequestHandler):
         self.gateway = gateway
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:

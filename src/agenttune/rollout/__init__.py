@@ -3,6 +3,8 @@
     engine.py    RolloutEngine: runs a batch of episodes (workflow -> gateway -> judge), in this process
                  or in worker processes
     workers.py   WorkflowProcesses: workflows in worker processes, talking to the host over a pipe
+    running.py   running user code, for the engine and the workers: call_workflow, run_in_thread,
+                 describe, run_until_done
     pipe.py      MessagePipe: pickled messages over a socket pair, read by an event loop
     session.py   RolloutSession: what a backbone drives for a run (engine, gateway, judge, logs)
     gc.py        the garbage collector's settings while a batch runs
@@ -19,16 +21,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune.rollout.engine import RolloutEngine, call_workflow, describe, sampling_params
+    from agenttune.rollout.engine import RolloutEngine, sampling_params
+    from agenttune.rollout.running import call_workflow, describe
     from agenttune.rollout.session import RolloutSession, rollout_session
     from agenttune.tuner import call_logged
 
 _WHERE = {
     "RolloutEngine": "agenttune.rollout.engine",
     "sampling_params": "agenttune.rollout.engine",
-    "call_workflow": "agenttune.rollout.engine",
+    "call_workflow": "agenttune.rollout.running",
     "call_logged": "agenttune.tuner",
-    "describe": "agenttune.rollout.engine",
+    "describe": "agenttune.rollout.running",
     "RolloutSession": "agenttune.rollout.session",
     "rollout_session": "agenttune.rollout.session",
 }

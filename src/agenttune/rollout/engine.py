@@ -10,13 +10,10 @@ always completes. Only cancelling `run_tasks` itself stops it (closing every cha
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import math
 import secrets
-import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +24,8 @@ from agenttune.episode import Episode, EpisodeStatus
 from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.gc import rollout_gc
-from agenttune.rollout.workers import WorkflowProcessError, WorkflowProcesses
+from agenttune.rollout.running import call_workflow, describe, run_in_thread
+from agenttune.rollout.workers import WorkflowProcesses
 from agenttune.run import get_logger
 from agenttune.task import Task
 from agenttune.tuner import ModelTuner, call_logged
@@ -41,8 +39,6 @@ log = get_logger("rollout")
 # How long a cancelled workflow gets to unwind (close clients, release environments) before it is
 # abandoned. A workflow that swallows cancellation cannot hold the batch hostage.
 CANCEL_GRACE_S = 5.0
-# How much of a traceback an episode keeps: the innermost frames, where the user's code failed.
-ERROR_CHARS = 4000
 
 
 class GatewayLimitEnd(WorkflowOutput):
@@ -330,18 +326,6 @@ class RolloutEngine:
             episode.status = EpisodeStatus.MADNESS
 
 
-async def call_workflow(workflow_cls: type[Workflow], task: Task, tuner: ModelTuner) -> Any:
-    """A fresh workflow's `execute(task, tuner)`: awaited, or in its own thread when it is sync."""
-    workflow = workflow_cls()
-    if not inspect.iscoroutinefunction(workflow.execute):
-        result = await run_in_thread(workflow.execute, task, tuner)
-        return await result if inspect.isawaitable(result) else result
-    try:
-        return await workflow.execute(task, tuner)
-    except SystemExit as exit_:  # would stop the event loop, and every other episode with it
-        raise RuntimeError(f"the workflow called sys.exit({exit_.code})") from None
-
-
 def _workflow_output(value: Any, workflow_cls: type) -> WorkflowOutput:
     """The workflow's return value as a WorkflowOutput, or a clear WORKFLOW_ERROR."""
     where = f"{workflow_cls.__qualname__}.execute"
@@ -380,54 +364,3 @@ def _engine_failed(tuner: ModelTuner) -> bool:
     failure an engine error.
     """
     return tuner.channel.engine_failing
-
-
-async def run_in_thread(function: Callable[..., Any], *args: Any) -> Any:
-    """Run blocking code in its own daemon thread and await its result.
-
-    Not `asyncio.to_thread`: its shared pool has a few workers, so a handful of hung sync
-    workflows would starve every later episode (and block interpreter exit). A daemon thread
-    that never returns is abandoned on timeout instead.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(error: BaseException | None, result: Any) -> None:
-        if future.done():  # timed out or cancelled meanwhile
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    def target() -> None:
-        try:
-            result, error = context.run(function, *args), None
-        except Exception as raised:  # handed to the awaiting task, which records it
-            result, error = None, raised
-        except BaseException as raised:  # sys.exit() in user code must not stop the event loop
-            result, error = None, RuntimeError(f"{getattr(function, '__qualname__', 'the call')} raised "
-                                               f"{type(raised).__name__}({raised})")
-        try:
-            loop.call_soon_threadsafe(settle, error, result)
-        except RuntimeError:  # the loop closed while this thread ran past its timeout
-            pass
-
-    threading.Thread(target=target, daemon=True, name=f"agenttune-{getattr(function, '__qualname__', 'call')}").start()
-    return await future
-
-
-def describe(error: BaseException) -> str:
-    """`Type: message` and the innermost frames of the traceback, for Episode.error.
-
-    An error from a workflow process was described there, with the frames that matter.
-    """
-    if isinstance(error, WorkflowProcessError):
-        return error.description
-    text = "".join(traceback.format_exception(error)).rstrip()
-    head = f"{type(error).__name__}: {error}"
-    if len(text) > ERROR_CHARS:
-        text = "...\n" + text[-ERROR_CHARS:]
-    return f"{head}\n{text}"
-

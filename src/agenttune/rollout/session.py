@@ -12,18 +12,18 @@ owner. Everything the session built is closed on exit, also when the body raises
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from agenttune.errors import UserError
 from agenttune.rollout.engine import RolloutEngine
 from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.log import RolloutLog
 from agenttune.rollout.metrics import MetricsLog, step_metrics
+from agenttune.rollout.running import run_until_done as run_until_done  # for backbones (docs/rollouts.md)
 from agenttune.task import Task
 
 if TYPE_CHECKING:
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
     from agenttune.run import Run
 
 VALIDATION = "validation"
-# How long leftover tasks (episodes abandoned after a timeout) get to stop when the run ends.
-SHUTDOWN_GRACE_S = 5.0
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -118,26 +114,3 @@ async def rollout_session(
                                 max_parallel=max_parallel, on_episode=on_episode)
         stack.push_async_callback(rollout.aclose)
         yield RolloutSession(config, components, tokenizer, engine, gateway, judge, rollout, run)
-
-
-def run_until_done(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run` for backbones: leftovers cannot keep the run from ending.
-
-    `asyncio.run` waits, at exit, for every task still alive, and for the threads of its default
-    executor. A workflow that swallows cancellation, or a blocking call stuck in `asyncio.to_thread`,
-    would then hang the program after its work is done. Here leftovers get `SHUTDOWN_GRACE_S`
-    seconds after being cancelled, and are then abandoned.
-    """
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        try:
-            leftovers = asyncio.all_tasks(loop)
-            for task in leftovers:
-                task.cancel()
-            if leftovers:
-                loop.run_until_complete(asyncio.wait(leftovers, timeout=SHUTDOWN_GRACE_S))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()  # shuts the default executor down without waiting for its threads

@@ -36,6 +36,7 @@ from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import EpisodeRecord
 from agenttune.rollout.pipe import MessagePipe, open_pipe
+from agenttune.rollout.running import WorkflowProcessError, call_workflow, describe, run_until_done
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -51,14 +52,6 @@ START_TIMEOUT_S = 120.0
 # How long the trainer waits for a worker to run an episode's cleanups (release environments).
 CLEANUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
-
-
-class WorkflowProcessError(Exception):
-    """The workflow failed in a worker process; `description` is its error and traceback there."""
-
-    def __init__(self, description: str):
-        super().__init__(description.splitlines()[0] if description else "the workflow failed")
-        self.description = description
 
 
 class WorkerEpisode:
@@ -391,8 +384,6 @@ class RemoteEngine(InferenceEngine):
 
 def serve_worker(sock: socket.socket, setup: _Setup) -> None:
     """A worker process's main: run episodes as the trainer sends them, until told to stop."""
-    from agenttune.rollout.session import run_until_done
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
     # run_until_done: a workflow that swallows cancellation cannot keep the worker from exiting
     run_until_done(_Episodes(sock, setup).serve())
@@ -462,7 +453,6 @@ class _Episodes:
             self.stopped.set_result(None)
 
     async def _run(self, job: int, task: Task, episode_id: str, sampling: SamplingParams) -> None:
-        from agenttune.rollout.engine import call_workflow, describe
         from agenttune.tuner import ModelTuner, call_logged
 
         assert self.gateway is not None
