@@ -362,8 +362,9 @@ def test_separate_async_is_one_verl_override_away():
 
 
 def test_the_plugin_owns_the_verl_and_ray_sections():
-    from agenttune.plugin_api import get_plugin_manager, load_config
     from agenttune_verl.options import RayOptions, VerlOptions
+
+    from agenttune.plugin_api import get_plugin_manager, load_config
 
     config = load_config({"verl": {"trainer.balance_batch": False}, "ray": {"address": "auto"}})
     assert config.section("verl", VerlOptions).root == {"trainer.balance_batch": False}
