@@ -65,20 +65,3 @@ async def test_an_engine_that_declares_no_logprobs_gives_samples_that_say_so():
     assert reply.status_code == 200
     [sample] = channel.samples()
     assert sample.engine_logprobs is False and sample.response_ids == ids
-
-
-def test_the_trainer_recomputes_logprobs_the_engine_did_not_report():
-    """Such samples take the trainer's own logprobs: no mismatch is invented for them."""
-    torch = pytest.importorskip("torch")
-    from test_local_grpo import make_config, make_trainer, step_episodes
-
-    trainer = make_trainer(make_config())
-    episodes = step_episodes(0)
-    for episode in episodes:
-        for sample in episode.samples:
-            sample.engine_logprobs = False
-            sample.logprobs = [0.0] * len(sample.logprobs)  # placeholders, as the timeline writes them
-    metrics = trainer.step(episodes)
-    assert metrics["train/samples_logprobs_recomputed"] == len(episodes)
-    assert metrics["train/logprob_mismatch"] == pytest.approx(0.0, abs=1e-6)
-    assert torch.isfinite(torch.tensor(metrics["train/loss"]))

@@ -308,3 +308,17 @@ def test_a_merged_sample_over_the_limits_is_split_at_call_boundaries():
     assert fitted.dropped_calls == 2 and fitted.reason == "prompt_too_long"
     # a first prompt over the limit: nothing fits
     assert fit_to_limits(merged, 2, 100).parts == [] and fit_to_limits(merged, 2, 100).dropped_calls == 3
+
+
+def test_the_trainer_recomputes_logprobs_the_engine_did_not_report():
+    """Such samples take the trainer's own logprobs: no mismatch is invented for them."""
+    trainer = make_trainer(make_config())
+    episodes = step_episodes(0)
+    for episode in episodes:
+        for sample in episode.samples:
+            sample.engine_logprobs = False
+            sample.logprobs = [0.0] * len(sample.logprobs)  # placeholders, as the timeline writes them
+    metrics = trainer.step(episodes)
+    assert metrics["train/samples_logprobs_recomputed"] == len(episodes)
+    assert metrics["train/logprob_mismatch"] == pytest.approx(0.0, abs=1e-6)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
