@@ -31,10 +31,13 @@ from agenttune.plugin_api import (
     JudgeInput,
     JudgeResult,
     ModelTuner,
+    ReasoningParser,
     Run,
     SamplingParams,
     Task,
     TaskReader,
+    ToolParse,
+    ToolParser,
     UserError,
     Workflow,
     WorkflowOutput,
@@ -118,6 +121,31 @@ class FixedEngine(InferenceEngine):
         return Generation(list(self.ids), [-0.5] * len(self.ids), "stop")
 
 
+class BangToolParser(ToolParser):
+    """`name!` is a call of `name` with no arguments."""
+
+    name = "bang"
+
+    def parse(self, text: str) -> ToolParse:
+        if not text.endswith("!"):
+            return ToolParse(text)
+        call = {"id": "call_bang", "type": "function", "function": {"name": text[:-1], "arguments": "{}"}}
+        return ToolParse("", [call])
+
+
+class AsideParser(ReasoningParser):
+    """`(aside: reasoning) answer`."""
+
+    name = "aside"
+    OPEN, CLOSE = "(aside:", ")"
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        if not text.startswith(self.OPEN) or self.CLOSE not in text:
+            return None, text
+        reasoning, answer = text[len(self.OPEN):].split(self.CLOSE, 1)
+        return reasoning.strip(), answer.strip()
+
+
 class HelloSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     greeting: str = Field(default="hello", description="What the note backbone writes.")
@@ -182,6 +210,16 @@ class HooksPlugin:
 
     @staticmethod
     @hookimpl
+    def register_tool_parsers() -> list[type]:
+        return [BangToolParser]
+
+    @staticmethod
+    @hookimpl
+    def register_reasoning_parsers() -> list[type]:
+        return [AsideParser]
+
+    @staticmethod
+    @hookimpl
     def register_config_sections() -> dict[str, type[BaseModel]]:
         return {"hello": HelloSettings}
 
@@ -221,6 +259,31 @@ class FrameworkWorkflow(Workflow):
         right = (isinstance(model, EchoModel) and model.base_url == tuner.base_url
                  and model.api_key == tuner.api_key and model.setting == "from-the-workflow")
         return WorkflowOutput(reward=1.0 if right else 0.0)
+
+
+class ToolWorkflow(Workflow):
+    """Offers one tool; rewarded 1 when the reply calls it (and says nothing else)."""
+
+    async def execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
+        client = tuner.as_async_openai_client()
+        tool = {"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}
+        reply = await client.chat.completions.create(model=tuner.model_name, tools=[tool],
+                                                     messages=[{"role": "user", "content": task.query}])
+        message = reply.choices[0].message
+        called = [call.function.name for call in message.tool_calls or []]
+        return WorkflowOutput(reward=1.0 if called == ["count"] and not message.content else 0.0)
+
+
+class ReasoningWorkflow(Workflow):
+    """Rewarded 1 when the reply's reasoning and answer come back apart."""
+
+    async def execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
+        client = tuner.as_async_openai_client()
+        reply = await client.chat.completions.create(model=tuner.model_name,
+                                                     messages=[{"role": "user", "content": task.query}])
+        message = reply.choices[0].message
+        reasoning = (message.model_extra or {}).get("reasoning_content")
+        return WorkflowOutput(reward=1.0 if (reasoning, message.content) == ("hmm", "seven") else 0.0)
 
 
 @pytest.fixture
@@ -308,6 +371,32 @@ def test_hook_register_engines(plugin, run_cli, config, tmp_path):
 
     typo = run_cli("train", "--conf", config(engine={"type": "fixed", "replly": "x"}), "--backbone", "debug")
     assert typo.exit_code == 2 and "reply" in typo.error
+
+
+def test_hook_register_tool_parsers(plugin, run_cli, config, tmp_path):
+    conf = config(workflow=reference_for(ToolWorkflow), engine={"type": "fixed", "reply": "count!"},
+                  gateway={"tool_parser": "bang"})
+    records = debug_run(run_cli, conf, tmp_path / "run")
+    assert [record.reward for record in records] == [1.0, 1.0]
+
+    typo = run_cli("train", "--conf", config(gateway={"tool_parser": "bnag"}), "--backbone", "debug")
+    assert typo.exit_code == 2 and "Available: bang, hermes" in typo.error
+
+    listed = {info["name"]: info for info in json.loads(run_cli("plugins", "list", "--json").stdout)}
+    assert (listed["hooks"]["tool_parsers"], listed["builtins"]["tool_parsers"]) == (["bang"], ["hermes"])
+
+
+def test_hook_register_reasoning_parsers(plugin, run_cli, config, tmp_path):
+    conf = config(workflow=reference_for(ReasoningWorkflow), engine={"type": "fixed", "reply": "(aside: hmm) seven"},
+                  gateway={"reasoning_parser": "aside"})
+    records = debug_run(run_cli, conf, tmp_path / "run")
+    assert [record.reward for record in records] == [1.0, 1.0]
+
+    typo = run_cli("train", "--conf", config(gateway={"reasoning_parser": "asdie"}), "--backbone", "debug")
+    assert typo.exit_code == 2 and "Available: aside, think" in typo.error
+
+    listed = {info["name"]: info for info in json.loads(run_cli("plugins", "list", "--json").stdout)}
+    assert (listed["hooks"]["reasoning_parsers"], listed["builtins"]["reasoning_parsers"]) == (["aside"], ["think"])
 
 
 def test_hook_register_config_sections(plugin, run_cli, config):

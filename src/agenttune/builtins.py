@@ -48,3 +48,17 @@ def register_engines():
     from agenttune.engines.vllm import VLLMEngine
 
     return [HFEngine, OpenAIEngine, ScriptedEngine, VLLMEngine]
+
+
+@hookimpl
+def register_tool_parsers():
+    from agenttune.parsers.hermes import HermesToolParser
+
+    return [HermesToolParser]
+
+
+@hookimpl
+def register_reasoning_parsers():
+    from agenttune.parsers.think import ThinkParser
+
+    return [ThinkParser]

@@ -54,6 +54,16 @@ def register_engines() -> list[type] | None:
 
 
 @hookspec
+def register_tool_parsers() -> list[type] | None:
+    """Return `ToolParser` subclasses; their `name` is what `gateway.tool_parser` selects."""
+
+
+@hookspec
+def register_reasoning_parsers() -> list[type] | None:
+    """Return `ReasoningParser` subclasses; their `name` is what `gateway.reasoning_parser` selects."""
+
+
+@hookspec
 def register_config_sections() -> dict[str, type[BaseModel]] | None:
     """Return extra top-level config sections this plugin owns, as `{section_name: pydantic model}`.
 

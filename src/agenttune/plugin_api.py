@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from agenttune.judges.base import Judge, JudgeInput, JudgeResult
     from agenttune.judges.llm_judge import LLMJudge, LLMJudgeError, LLMJudgeOptions
     from agenttune.model_loading import resolve_model_path
+    from agenttune.parsers.base import ReasoningParser, ToolParse, ToolParser
     from agenttune.plugins import get_component, get_plugin_manager, registered_plugin
     from agenttune.readers.base import TaskReader
     from agenttune.references import load_reference
@@ -71,6 +72,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Judge": ("agenttune.judges.base", "Judge"),
     "Backbone": ("agenttune.backbones.base", "Backbone"),
     "InferenceEngine": ("agenttune.engines.base", "InferenceEngine"),
+    "ToolParser": ("agenttune.parsers.base", "ToolParser"),
+    "ReasoningParser": ("agenttune.parsers.base", "ReasoningParser"),
     "UserError": ("agenttune.errors", "UserError"),
     # What flows through them.
     "Task": ("agenttune.task", "Task"),
@@ -89,6 +92,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Generation": ("agenttune.engines.base", "Generation"),
     "SamplingParams": ("agenttune.engines.base", "SamplingParams"),
     "FinishReason": ("agenttune.engines.base", "FinishReason"),
+    "ToolParse": ("agenttune.parsers.base", "ToolParse"),
     # Configuration.
     "AgentTuneConfig": ("agenttune.config", "AgentTuneConfig"),
     "JudgeConfig": ("agenttune.config", "JudgeConfig"),

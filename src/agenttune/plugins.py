@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from agenttune.engines.base import InferenceEngine
     from agenttune.frameworks.base import AgentFramework
     from agenttune.judges.base import Judge
+    from agenttune.parsers.base import ReasoningParser, ToolParser
     from agenttune.readers.base import TaskReader
 
 ENTRY_POINT_GROUP = "agenttune"
@@ -48,6 +49,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "judges": ("register_judges", "judge"),
     "backbones": ("register_backbones", "backbone"),
     "engines": ("register_engines", "inference engine"),
+    "tool_parsers": ("register_tool_parsers", "tool parser"),
+    "reasoning_parsers": ("register_reasoning_parsers", "reasoning parser"),
 }
 
 
@@ -287,10 +290,16 @@ def get_component(kind: Literal["backbones"], name: str, *, key: str | None = No
 @overload
 def get_component(kind: Literal["engines"], name: str, *, key: str | None = None) -> type[InferenceEngine]: ...
 @overload
+def get_component(kind: Literal["tool_parsers"], name: str, *, key: str | None = None) -> type[ToolParser]: ...
+@overload
+def get_component(kind: Literal["reasoning_parsers"], name: str, *,
+                  key: str | None = None) -> type[ReasoningParser]: ...
+@overload
 def get_component(kind: str, name: str, *, key: str | None = None) -> type: ...
 def get_component(kind: str, name: str, *, key: str | None = None) -> type:
     """The class registered as `name` among the `kind`s (typed by the hook's contract: the hooks
-    return subclasses of TaskReader, AgentFramework, Judge, Backbone and InferenceEngine)."""
+    return subclasses of TaskReader, AgentFramework, Judge, Backbone, InferenceEngine, ToolParser
+    and ReasoningParser)."""
     return get_plugin_manager().get(kind, name, key=key)
 
 
@@ -301,13 +310,16 @@ def make_plugin(
     judges: Sequence[type] = (),
     backbones: Sequence[type] = (),
     engines: Sequence[type] = (),
+    tool_parsers: Sequence[type] = (),
+    reasoning_parsers: Sequence[type] = (),
     config_sections: dict[str, type] | None = None,
     commands: Callable[[Any], Any] | None = None,
 ) -> object:
     """A plugin object implementing the hooks for the classes given (for tests and in-process use)."""
     hookimpl = hookspecs.hookimpl
     returns = {"task_readers": task_readers, "agent_frameworks": agent_frameworks, "judges": judges,
-               "backbones": backbones, "engines": engines}
+               "backbones": backbones, "engines": engines, "tool_parsers": tool_parsers,
+               "reasoning_parsers": reasoning_parsers}
     namespace: dict[str, Any] = {}
     for kind, classes in returns.items():
         if classes:

@@ -146,8 +146,8 @@ async def test_refusals_before_a_stream_keep_their_status_and_failures_during_it
 
 def test_a_reply_that_starts_inside_a_think_block_the_template_opened_streams_as_reasoning():
     """Templates that open `<think>` in the prompt (Qwen3-style): the reply only closes it."""
-    from agenttune.gateway.reasoning import ThinkParser
     from agenttune.gateway.streaming import DeltaStream
+    from agenttune.parsers.think import ThinkParser
 
     text = "\nweigh it up\n</think>\n\nThe answer."
     stream = DeltaStream(reasoning=ThinkParser(), tool_start=None, stops=(), prompt_opens_thinking=True)

@@ -19,8 +19,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agenttune import Task, Workflow, WorkflowOutput
 from agenttune.engines.scripted import ScriptedEngine
-from agenttune.gateway.ids import random_id
 from agenttune.gateway.rendering import _compile
+from agenttune.ids import random_id
 from agenttune.rollout.engine import RolloutEngine
 from agenttune.rollout.gc import YOUNG_THRESHOLD, rollout_gc
 from agenttune.testing import tiny_tokenizer

@@ -14,14 +14,13 @@ from agenttune.gateway import madness
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.errors import GatewayError
 from agenttune.gateway.guides import guide_for
-from agenttune.gateway.ids import random_id
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
-from agenttune.gateway.reasoning import ThinkParser
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import ChatResult, ChunkWriter
 from agenttune.gateway.streaming import DeltaStream
 from agenttune.gateway.timeline import Prompt, Timeline
-from agenttune.gateway.tool_parsers import ToolParse, ToolParser
+from agenttune.ids import random_id
+from agenttune.parsers.base import ReasoningParser, ToolParse, ToolParser
 
 
 @dataclass
@@ -34,7 +33,7 @@ class _Decoded:
 
 class ChatCompletions:
     def __init__(self, engine: InferenceEngine, renderer: ChatRenderer, tool_parser: ToolParser,
-                 reasoning_parser: ThinkParser | None, *, max_model_len: int, madness_checks: list[str],
+                 reasoning_parser: ReasoningParser | None, *, max_model_len: int, madness_checks: list[str],
                  max_turns: int | None = None):
         self.engine = engine
         self.renderer = renderer
@@ -46,7 +45,7 @@ class ChatCompletions:
         eos = renderer.tokenizer.eos_token_id
         self.stop_token_ids = (eos,) if eos is not None else ()
         self.stop_tokens = frozenset(self.stop_token_ids) | renderer.special_ids
-        self.chat_mode = bool(getattr(engine, "wants_messages", False))
+        self.chat_mode = engine.wants_messages
 
     async def __call__(self, channel: EpisodeChannel, agent: str, body: Any) -> ChatResult:
         return await self.answer(channel, agent, parse_chat_request(body))
@@ -90,7 +89,7 @@ class ChatCompletions:
                       sampling: SamplingParams) -> AsyncIterator[bytes]:
         chunks = ChunkWriter(request, random_id("chatcmpl-"), int(time.time()))
         deltas = DeltaStream(reasoning=None if sampling.guide else self.reasoning_parser,
-                             tool_start=getattr(self.tool_parser, "START", None) if request.parses_tool_calls else None,
+                             tool_start=self.tool_parser.START if request.parses_tool_calls else None,
                              stops=request.stop, prompt_opens_thinking=self._opens_thinking(prompt))
         try:
             yield chunks.delta({"role": "assistant", "content": ""})
@@ -299,7 +298,7 @@ class ChatCompletions:
     def _complete_calls(self, content: str, parsed: ToolParse) -> ToolParse:
         """A reply the token budget cut off inside a tool call keeps the calls it finished (the cut one
         is dropped, and still counted as a tool-call error); otherwise all of it stays text."""
-        end = getattr(self.tool_parser, "END", None)
+        end = self.tool_parser.END
         finished = content.rfind(end) if end else -1
         if not end or finished < 0:
             return parsed
@@ -316,7 +315,7 @@ class ChatCompletions:
             elif madness.repetition_loop(text_ids):
                 channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")
         if madness.WRONG_TOOLCALL in self.checks:
-            marker: str = getattr(self.tool_parser, "START", "")
+            marker = self.tool_parser.START or ""
             without_tools = not request.tools and bool(marker) and marker in parsed.content
             problems = madness.wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
             channel.counters["tool_call_errors"] += len(problems)

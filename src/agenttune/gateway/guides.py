@@ -21,7 +21,8 @@ from typing import Any
 from agenttune.engines.base import Guide
 from agenttune.gateway.errors import bad_request
 from agenttune.gateway.protocol import ChatRequest
-from agenttune.gateway.tool_parsers import HermesToolParser, ToolParser
+from agenttune.parsers.base import ToolParser
+from agenttune.parsers.hermes import HermesToolParser
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 

@@ -30,12 +30,11 @@ from agenttune.errors import UserError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
 from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
 from agenttune.gateway.protocol import parse_chat_request
-from agenttune.gateway.reasoning import get_reasoning_parser
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.reply import EVENTS, Reply
 from agenttune.gateway.responses import completion_body, completion_events, dumps
-from agenttune.gateway.tool_parsers import get_tool_parser
 from agenttune.loopback import is_loopback
 
 log = structlog.get_logger("agenttune.gateway")
@@ -55,8 +54,7 @@ class Gateway:
         self.config = config
         self.renderer = ChatRenderer(tokenizer)
         self.completions = ChatCompletions(
-            engine, self.renderer, get_tool_parser(config.gateway.tool_parser),
-            get_reasoning_parser(config.gateway.reasoning_parser),
+            engine, self.renderer, tool_parser(config), reasoning_parser(config),
             max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
             max_turns=None if open_access else config.rollout.max_turns)  # a served conversation is no episode
         self.model_name = config.model.path or "agenttune"

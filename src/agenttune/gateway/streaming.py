@@ -16,15 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from agenttune.gateway.reasoning import ThinkParser
+from agenttune.parsers.base import ReasoningParser
 
 _ARGUMENT_FRAGMENT = 24  # characters of a tool call's arguments per chunk
 
 
 class DeltaStream:
-    def __init__(self, *, reasoning: ThinkParser | None, tool_start: str | None, stops: tuple[str, ...],
+    def __init__(self, *, reasoning: ReasoningParser | None, tool_start: str | None, stops: tuple[str, ...],
                  prompt_opens_thinking: bool):
         self.reasoning = reasoning
+        # The markers around the reasoning; unused without a reasoning parser (nothing is reasoning then).
+        self.open, self.close = (reasoning.OPEN, reasoning.CLOSE) if reasoning is not None else ("", "")
         self.tool_start = tool_start
         self.stops = stops
         self.in_reasoning = reasoning is not None and prompt_opens_thinking
@@ -39,24 +41,24 @@ class DeltaStream:
             return []
         if not self.decided:
             opening = text.lstrip("\n")
-            if ThinkParser.OPEN.startswith(opening):
+            if self.open.startswith(opening):
                 return []  # "", "<", "<th", ...: not known yet
             self.decided = True
-            self.in_reasoning = opening.startswith(ThinkParser.OPEN)
+            self.in_reasoning = opening.startswith(self.open)
         if self.in_reasoning:
             return self._reasoning(text)
         return self._content(text)
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
-        start = text.find(ThinkParser.OPEN)
-        body = text[start + len(ThinkParser.OPEN):] if 0 <= start and not text[:start].strip() else text
+        start = text.find(self.open)
+        body = text[start + len(self.open):] if 0 <= start and not text[:start].strip() else text
         body = body.lstrip("\n")
-        close = body.find(ThinkParser.CLOSE)
+        close = body.find(self.close)
         if close < 0:
-            return self._send("reasoning_content", _held_back(body, (ThinkParser.CLOSE,)).rstrip("\n"))
+            return self._send("reasoning_content", _held_back(body, (self.close,)).rstrip("\n"))
         deltas = self._send("reasoning_content", body[:close].rstrip("\n"))
         self.in_reasoning = False
-        self.answer_offset = len(text) - len(body) + close + len(ThinkParser.CLOSE)
+        self.answer_offset = len(text) - len(body) + close + len(self.close)
         return deltas + self._content(text)
 
     def _content(self, text: str) -> list[dict[str, Any]]:

@@ -124,7 +124,7 @@ class WorkflowProcesses:
         self.engine = gateway.engine
         gateway_config = gateway.config.model_copy(
             update={"gateway": gateway.config.gateway.model_copy(update={"port": 0})})  # each its own free port
-        wants_messages = bool(getattr(gateway.engine, "wants_messages", False))
+        wants_messages = gateway.engine.wants_messages
         self.setup = _Setup(config, gateway_config, gateway.tokenizer, wants_messages, http=gateway.port is not None,
                             workflow_cls=workflow_cls, run_dir=run_dir)
         self._workers: list[_Worker] = []

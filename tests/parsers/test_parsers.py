@@ -1,4 +1,4 @@
-"""Tool-call and reasoning parsers, and the madness detectors, on their own."""
+"""The built-in tool-call and reasoning parsers, on their own."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from agenttune.errors import UserError
-from agenttune.gateway import madness
-from agenttune.gateway.reasoning import ThinkParser, get_reasoning_parser
-from agenttune.gateway.tool_parsers import HermesToolParser, ToolParse, ToolParser, get_tool_parser
+from agenttune.parsers.base import ToolParse
+from agenttune.parsers.hermes import HermesToolParser
+from agenttune.parsers.think import ThinkParser
 
 
 def arguments(parse: ToolParse) -> list[tuple[str, dict]]:
@@ -47,13 +46,6 @@ def test_plain_text_has_no_calls():
     assert HermesToolParser().parse("Just text.") == ToolParse("Just text.")
 
 
-def test_tool_parser_registry():
-    assert isinstance(get_tool_parser("hermes"), HermesToolParser)
-    assert isinstance(get_tool_parser("agenttune.gateway.tool_parsers:HermesToolParser"), ToolParser)
-    with pytest.raises(UserError, match="unknown tool parser 'nope'. Available: hermes"):
-        get_tool_parser("nope")
-
-
 @pytest.mark.parametrize("text, reasoning, content", [
     ("<think>\nplan\n</think>\n\nanswer", "plan", "answer"),
     ("plan only closes</think>answer", "plan only closes", "answer"),  # template opened <think> in the prompt
@@ -63,25 +55,3 @@ def test_tool_parser_registry():
 ])
 def test_think_parser(text, reasoning, content):
     assert ThinkParser().split(text) == (reasoning, content)
-
-
-def test_reasoning_parser_registry():
-    assert get_reasoning_parser(None) is None
-    with pytest.raises(UserError, match="unknown reasoning parser"):
-        get_reasoning_parser("deepseek")
-
-
-def test_repetition_loop_detection():
-    assert madness.repetition_loop([7] * 60)
-    assert madness.repetition_loop(list(range(10)) + [1, 2, 3, 4] * 15)
-    assert not madness.repetition_loop([1, 2, 3] * 10)  # too short to call it a loop
-    assert not madness.repetition_loop(list(range(200)))
-    assert not madness.repetition_loop(list(range(40)) * 2)  # period 40 > MAX_PERIOD: a repeated paragraph
-
-
-def test_wrong_tool_calls():
-    call = {"function": {"name": "rm"}}
-    assert madness.wrong_tool_calls([call], [], {"ls"}, False) == ["unknown tool 'rm'"]
-    assert madness.wrong_tool_calls([call], [], {"rm"}, False) == []
-    assert madness.wrong_tool_calls([], ["bad json"], {"rm"}, True) == [
-        "bad json", "tool-call markup but the request offered no tools"]

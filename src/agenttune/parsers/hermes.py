@@ -1,68 +1,16 @@
-"""Reading tool calls out of model text. Pluggable: `gateway.tool_parser` names one.
-
-A parser turns the reply text into content + tool calls, and reports what it could not read (a
-madness signal: `wrong_toolcall`). Register more with `@register_tool_parser("name")`, or point
-`gateway.tool_parser` at `module:Class`.
-"""
+"""The built-in tool-call parser: Hermes-style `<tool_call>` blocks (`gateway.tool_parser: hermes`)."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-from agenttune.errors import UserError
-from agenttune.gateway.ids import random_id
+from agenttune.parsers.base import ToolParse, ToolParser, tool_call
 
-
-@dataclass
-class ToolParse:
-    content: str
-    calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI tool_calls entries
-    errors: list[str] = field(default_factory=list)  # why a call could not be read
-
-
-class ToolParser:
-    name: ClassVar[str] = ""
-
-    def parse(self, text: str) -> ToolParse:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-TOOL_PARSERS: dict[str, type[ToolParser]] = {}
 _ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False) would build one per call
 
 
-def register_tool_parser(name: str):
-    def register(cls: type[ToolParser]) -> type[ToolParser]:
-        cls.name = name
-        TOOL_PARSERS[name] = cls
-        return cls
-
-    return register
-
-
-def get_tool_parser(name: str) -> ToolParser:
-    if name in TOOL_PARSERS:
-        return TOOL_PARSERS[name]()
-    if ":" in name or "->" in name:
-        from agenttune.references import load_reference
-
-        return load_reference(name, key="gateway.tool_parser")()
-    raise UserError(f"gateway.tool_parser: unknown tool parser {name!r}. Available: {', '.join(sorted(TOOL_PARSERS))}.",
-                    hint="Use one of those, or 'my_module:MyParser' (a subclass of agenttune.gateway.tool_parsers.ToolParser).")
-
-
-def new_call_id() -> str:
-    return random_id("call_")
-
-
-def tool_call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-@register_tool_parser("hermes")
 class HermesToolParser(ToolParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen, Hermes, many others).
 
@@ -70,6 +18,7 @@ class HermesToolParser(ToolParser):
     returned as content with no calls (as vLLM does), and the errors say why.
     """
 
+    name = "hermes"
     START, END = "<tool_call>", "</tool_call>"
     _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 

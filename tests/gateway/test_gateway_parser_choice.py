@@ -1,0 +1,30 @@
+"""Which parsers `gateway.tool_parser` and `gateway.reasoning_parser` select."""
+
+from __future__ import annotations
+
+import pytest
+
+from agenttune.errors import UserError
+from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
+from agenttune.parsers.base import ToolParser
+from agenttune.parsers.hermes import HermesToolParser
+from agenttune.parsers.think import ThinkParser
+from agenttune.testing.gateways import tiny_config
+
+
+def test_tool_parser_by_name_or_reference():
+    assert isinstance(tool_parser(tiny_config()), HermesToolParser)  # the default
+    reference = tiny_config(gateway={"tool_parser": "agenttune.parsers.hermes:HermesToolParser"})
+    assert isinstance(tool_parser(reference), ToolParser)
+    with pytest.raises(UserError, match="unknown tool parser 'nope'. Available: hermes") as raised:
+        tool_parser(tiny_config(gateway={"tool_parser": "nope"}))
+    assert "my_module:MyParser" in str(raised.value)
+
+
+def test_reasoning_parser_by_name_reference_or_none():
+    assert isinstance(reasoning_parser(tiny_config()), ThinkParser)  # the default
+    assert reasoning_parser(tiny_config(gateway={"reasoning_parser": None})) is None
+    reference = tiny_config(gateway={"reasoning_parser": "agenttune.parsers.think:ThinkParser"})
+    assert isinstance(reasoning_parser(reference), ThinkParser)
+    with pytest.raises(UserError, match="unknown reasoning parser 'deepseek'. Available: think"):
+        reasoning_parser(tiny_config(gateway={"reasoning_parser": "deepseek"}))
