@@ -17,6 +17,16 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Section(BaseModel):
+    """A config section: a key it does not declare is a mistake, and assignments are validated.
+
+    Here rather than in config.py so that declaring a component's options (the backbones' sections)
+    does not import pydantic-settings: `agenttune --help` imports the built-in backbones.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
 class Component:
     """A component the config selects by `name`; `Options` validates the rest of its config section."""
 

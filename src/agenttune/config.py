@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agenttune.component_base import Section
 from agenttune.errors import UserError
 from agenttune.rollout_correction import RolloutCorrectionOptions
 
@@ -31,10 +32,6 @@ SectionModel = TypeVar("SectionModel", bound=BaseModel)
 
 MadnessCheck = Literal["nonsense", "wrong_toolcall"]
 MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ComponentSection(BaseModel):

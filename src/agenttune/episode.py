@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import structlog
 from pydantic import BaseModel, Field
 
 from agenttune.task import Task
@@ -151,6 +150,8 @@ def record_fitting(episode: Episode, fitted: Fitted, limits: str) -> None:
     episode.metrics["truncation/calls_dropped"] = float(fitted.dropped_calls)
     episode.metrics["truncation/trained_tokens_dropped"] = float(fitted.dropped_tokens)
     if fitted.dropped_calls:
+        import structlog  # here, not at the top: `import agenttune` (and `agenttune --help`) stays light
+
         structlog.get_logger("agenttune.fitting").warning(
             f"episode {episode.episode_id}: {fitted.dropped_calls} calls ({fitted.dropped_tokens} generated tokens) "
             f"fit in no sample within {limits} and were dropped; raise the limits to train on them")

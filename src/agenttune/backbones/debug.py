@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import Field
 
 from agenttune.backbones.base import Backbone
-from agenttune.config import Section
+from agenttune.component_base import Section
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from agenttune.config import Section
+from agenttune.component_base import Section
 
 if TYPE_CHECKING:
     from agenttune.config import AgentTuneConfig
