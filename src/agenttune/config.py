@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextvars import ContextVar
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -277,6 +278,14 @@ class AgentTuneConfig(BaseSettings):
         """Highest first: keyword arguments (overrides, flags), `AGENTTUNE_…` variables, the YAML file."""
         return init_settings, env_settings, YamlValues(settings_cls)
 
+    # The sections `with_sections` added to this class: (name, model) pairs.
+    owned_sections: ClassVar[tuple[tuple[str, type[BaseModel]], ...]] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by its sections and state: a loaded config's class is made at run time (with_sections),
+        so pickle cannot find it by name; the worker process that unpickles it makes the same class."""
+        return _unpickled, (type(self).owned_sections, self.__getstate__())
+
     # The directory of the YAML file: workflow and judge modules next to it are importable.
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -317,3 +326,30 @@ class AgentTuneConfig(BaseSettings):
                         hint="A plugin owns that section: install it (`agenttune plugins list` shows the sections "
                              "of the installed plugins), and build the config with agenttune.load_config or "
                              "config_model(), which add the plugins' sections.")
+
+
+SectionList = tuple[tuple[str, type[BaseModel]], ...]
+
+
+@cache
+def with_sections(sections: SectionList) -> type[AgentTuneConfig]:
+    """AgentTuneConfig plus the top-level sections components and plugins own (one class per set)."""
+    if not sections:
+        return AgentTuneConfig
+    fields = {name: (model, Field(default_factory=model, description=_first_line(model.__doc__)))
+              for name, model in sections}
+    model: type[AgentTuneConfig] = create_model(  # type: ignore[call-overload]
+        "AgentTuneConfig", __base__=AgentTuneConfig, **fields)
+    model.owned_sections = sections
+    return model
+
+
+def _unpickled(sections: SectionList, state: dict[str, Any]) -> AgentTuneConfig:
+    model = with_sections(sections)
+    config = model.__new__(model)
+    config.__setstate__(state)  # the state of a validated config: not validated again
+    return config
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[0] if text and text.strip() else None

@@ -7,16 +7,15 @@ import difflib
 import os
 import re
 from collections.abc import Hashable, Mapping, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from agenttune.component_base import NoOptions
-from agenttune.config import AgentTuneConfig, ComponentSection, yaml_values
+from agenttune.config import AgentTuneConfig, ComponentSection, with_sections, yaml_values
 from agenttune.errors import UserError
 from agenttune.plugins import get_plugin_manager
 
@@ -135,16 +134,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def config_model() -> type[AgentTuneConfig]:
     """AgentTuneConfig plus the sections the registered plugins add."""
     sections = get_plugin_manager().config_sections()
-    return _model_with_sections(tuple(sorted(sections.items(), key=lambda item: item[0])))
-
-
-@cache
-def _model_with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[AgentTuneConfig]:
-    if not sections:
-        return AgentTuneConfig
-    fields = {name: (model, Field(default_factory=model, description=_first_line(model.__doc__)))
-              for name, model in sections}
-    return create_model("AgentTuneConfig", __base__=AgentTuneConfig, **fields)  # type: ignore[call-overload]
+    return with_sections(tuple(sorted(sections.items(), key=lambda item: item[0])))
 
 
 def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source: str = "") -> AgentTuneConfig:
@@ -158,10 +148,6 @@ def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source
         raise UserError(describe_validation_error(error, model, source, overrides)) from error
     finally:
         yaml_values.reset(token)
-
-
-def _first_line(text: str | None) -> str | None:
-    return text.strip().splitlines()[0] if text and text.strip() else None
 
 
 def load_config(conf: str | os.PathLike[str] | Mapping[str, Any] | AgentTuneConfig | None,

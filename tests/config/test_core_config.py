@@ -273,3 +273,16 @@ def test_escaped_surrogate_pairs_in_yaml_are_joined_and_lone_ones_refused(tmp_pa
     path.write_text('project_name: "half \\ud83d here"\n', encoding="utf-8")
     with pytest.raises(UserError, match="project_name holds a lone UTF-16 surrogate"):
         load_config(path)
+
+
+def test_a_loaded_config_pickles_with_its_sections(register_plugin, write_yaml):
+    """Workflow processes receive the config pickled; its class is made at run time from the sections."""
+    import copy
+    import pickle
+
+    register_plugin(config_sections={"greeter": GreetingSection})
+    config = load_config(write_yaml({"greeter": {"greeting": "hi"}, "local": {"device": "cpu"}}))
+    for copied in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):
+        assert type(copied) is type(config)
+        assert copied == config and copied.source_dir == config.source_dir
+        assert copied.section("greeter", GreetingSection).greeting == "hi"
