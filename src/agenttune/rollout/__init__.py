@@ -5,6 +5,7 @@
     workers.py   WorkflowProcesses: workflows in worker processes, talking to the host over a pipe
     running.py   running user code, for the engine and the workers: call_workflow, run_in_thread,
                  describe, run_until_done
+    messages.py  the messages between the trainer and a worker (Run, Done, Generate, ...): the protocol
     pipe.py      MessagePipe: pickled messages over a socket pair, read by an event loop
     session.py   RolloutSession: what a backbone drives for a run (engine, gateway, judge, logs)
     gc.py        the garbage collector's settings while a batch runs

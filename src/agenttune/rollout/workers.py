@@ -29,12 +29,30 @@ import multiprocessing
 import pickle
 import signal
 import socket
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import EpisodeRecord
+from agenttune.rollout.messages import (
+    Abort,
+    Cancel,
+    Done,
+    End,
+    Ended,
+    Failed,
+    Generate,
+    GenerateChat,
+    Generated,
+    Outcome,
+    Ready,
+    Run,
+    Stop,
+    ToTrainer,
+    ToWorker,
+)
 from agenttune.rollout.pipe import MessagePipe, open_pipe
 from agenttune.rollout.running import WorkflowProcessError, call_workflow, describe, run_until_done
 
@@ -43,7 +61,6 @@ if TYPE_CHECKING:
 
     from agenttune.config import AgentTuneConfig
     from agenttune.gateway import Gateway
-    from agenttune.task import Task
     from agenttune.tuner import ModelTuner
     from agenttune.workflow import Workflow
 
@@ -104,7 +121,7 @@ class _Worker:
     process: BaseProcess
     ready: asyncio.Future
     pipe: MessagePipe | None = None
-    replies: dict[tuple[str, int], asyncio.Future] = field(default_factory=dict)  # ("done"/"ended", job)
+    replies: dict[tuple[type, int], asyncio.Future] = field(default_factory=dict)  # (Done or Ended, job)
     generating: dict[int, asyncio.Task] = field(default_factory=dict)  # its engine calls in flight
     alive: bool = True
 
@@ -164,30 +181,30 @@ class WorkflowProcesses:
         """
         worker = await self._least_busy()
         job = next(self._job_ids)
-        done = self._expect(worker, "done", job)
+        done = self._expect(worker, Done, job)
         episode: WorkerEpisode = tuner.channel  # type: ignore[assignment]
         try:
-            self._send(worker, ("run", job, tuner.task, episode.episode_id, episode.sampling))
+            self._send(worker, Run(job, tuner.task, episode.episode_id, episode.sampling))
         except Exception:  # the task cannot be pickled: this episode's error
-            worker.replies.pop(("done", job), None)
+            worker.replies.pop((Done, job), None)
             raise
         try:
-            outcome, value, handed, record, cleanups = await asyncio.shield(done)
+            reply: Done = await asyncio.shield(done)
         except asyncio.CancelledError:
             tuner.add_cleanup(lambda: self._end(worker, job))  # whatever it registered before it stopped
-            self._send(worker, ("cancel", job))
+            self._send(worker, Cancel(job))
             await asyncio.wait({done})  # the worker answers once the workflow has unwound
-            episode.recorded = done.result()[3] or episode.recorded
+            episode.recorded = done.result().record or episode.recorded
             raise
-        if cleanups:  # the worker keeps the episode's tuner until told to run them
+        if reply.cleanups:  # the worker keeps the episode's tuner until told to run them
             tuner.add_cleanup(lambda: self._end(worker, job))
-        tuner.judge_input_dictionary.update(handed)
-        episode.recorded = record or episode.recorded
-        if outcome == "ok":
-            return value
-        if outcome == "cancelled":
+        tuner.judge_input_dictionary.update(reply.handed)
+        episode.recorded = reply.record or episode.recorded
+        if reply.outcome == "ok":
+            return reply.value
+        if reply.outcome == "cancelled":
             raise asyncio.CancelledError
-        raise WorkflowProcessError(value)
+        raise WorkflowProcessError(reply.value)
 
     # -- the workers --------------------------------------------------------------------------------
     async def _spawn(self) -> _Worker:
@@ -219,44 +236,43 @@ class WorkflowProcesses:
                     self._workers[index] = replacement
         return min(self._workers, key=lambda worker: len(worker.replies))
 
-    def _receive(self, worker: _Worker, message: tuple) -> None:
+    def _receive(self, worker: _Worker, message: ToTrainer) -> None:
         """A message from a worker (called by the event loop as it arrives)."""
-        kind, *rest = message
-        if kind in ("generate", "generate_chat"):  # an engine call of one of its episodes
-            call, *arguments = rest
-            worker.generating[call] = asyncio.create_task(self._generate(worker, call, kind, arguments))
-        elif kind == "abort":  # the episode stopped waiting (cancelled, timed out)
-            running = worker.generating.pop(rest[0], None)
-            if running is not None:
-                running.cancel()
-        elif kind == "ready":
-            worker.ready.set_result(None)
-        elif kind == "failed":  # it could not even start: the workflow's module did not import
-            worker.ready.set_exception(UserError(
-                f"A workflow process could not start: {rest[0]}",
-                hint="The workflow must be importable by name (module:Class at module level) in a fresh "
-                     "process; set rollout.workflow_processes: 1 to run it in this process instead."))
-        else:  # "done" (job, outcome, value, handed, record, cleanups) or "ended" (job,)
-            reply = worker.replies.pop((kind, rest[0]), None)
-            if reply is not None and not reply.done():
-                reply.set_result(tuple(rest[1:]))
+        match message:
+            case Generate() | GenerateChat():  # an engine call of one of its episodes
+                worker.generating[message.call] = asyncio.create_task(self._generate(worker, message))
+            case Abort(call):  # the episode stopped waiting (cancelled, timed out)
+                running = worker.generating.pop(call, None)
+                if running is not None:
+                    running.cancel()
+            case Ready():
+                worker.ready.set_result(None)
+            case Failed(reason):  # it could not even start: the workflow's module did not import
+                worker.ready.set_exception(UserError(
+                    f"A workflow process could not start: {reason}",
+                    hint="The workflow must be importable by name (module:Class at module level) in a fresh "
+                         "process; set rollout.workflow_processes: 1 to run it in this process instead."))
+            case Done(job) | Ended(job):
+                reply = worker.replies.pop((type(message), job), None)
+                if reply is not None and not reply.done():
+                    reply.set_result(message)
 
-    async def _generate(self, worker: _Worker, call: int, kind: str, arguments: list) -> None:
+    async def _generate(self, worker: _Worker, request: Generate | GenerateChat) -> None:
         result: Generation | tuple[Generation, list[int] | None] | None
         try:
-            if kind == "generate":
-                prompt_ids, sampling, request_id = arguments
-                result = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+            if isinstance(request, Generate):
+                result = await self.engine.generate(request.prompt_ids, request.sampling,
+                                                    request_id=request.request_id)
             else:
-                result = await self.engine.generate_chat(*arguments)
+                result = await self.engine.generate_chat(request.messages, request.tools, request.sampling)
             error = None
         except asyncio.CancelledError:
             return  # the worker gave up on it (abort), or the worker is gone
         except Exception as raised:  # the worker's gateway turns it into the episode's 502, as in-process
             result, error = None, _sendable(raised)
         finally:
-            worker.generating.pop(call, None)
-        self._send(worker, ("generated", call, result, error))
+            worker.generating.pop(request.call, None)
+        self._send(worker, Generated(request.call, result, error))
 
     def _exited(self, worker: _Worker) -> None:
         """The worker's end of the pipe closed: it exited (or crashed)."""
@@ -273,7 +289,7 @@ class WorkflowProcesses:
         worker.alive = False
         if worker.pipe is not None:
             try:
-                worker.pipe.send(None)
+                worker.pipe.send(Stop())
             except OSError:
                 pass  # it is gone already
             worker.pipe.close()
@@ -282,17 +298,17 @@ class WorkflowProcesses:
                                                  hint="Set rollout.workflow_processes: 1 to run workflows in "
                                                       "this process and see why."))
         replies, worker.replies = worker.replies, {}
-        for reply in replies.values():
+        for (_, job), reply in replies.items():  # an End awaiting Ended gets a Done too: it only waits
             if not reply.done():
-                reply.set_result(("error", reason, {}, None, False))
+                reply.set_result(Done(job, "error", reason, {}, None, False))
         for running in worker.generating.values():
             running.cancel()
 
-    def _expect(self, worker: _Worker, kind: str, job: int) -> asyncio.Future:
+    def _expect(self, worker: _Worker, kind: type[Done | Ended], job: int) -> asyncio.Future:
         worker.replies[kind, job] = reply = asyncio.get_running_loop().create_future()
         return reply
 
-    def _send(self, worker: _Worker, message: tuple) -> None:
+    def _send(self, worker: _Worker, message: ToWorker) -> None:
         if not worker.alive or worker.pipe is None:
             return  # its replies were failed when it was retired
         try:
@@ -304,8 +320,8 @@ class WorkflowProcesses:
         """Run the episode's cleanups in its worker (an `add_cleanup` callback of the trainer's tuner)."""
         if not worker.alive:
             return
-        ended = self._expect(worker, "ended", job)
-        self._send(worker, ("end", job))
+        ended = self._expect(worker, Ended, job)
+        self._send(worker, End(job))
         try:
             await asyncio.wait_for(ended, CLEANUP_TIMEOUT_S)
         except TimeoutError:
@@ -347,39 +363,40 @@ class RemoteEngine(InferenceEngine):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
-        return await self._call("generate", prompt_ids, sampling, request_id)
+        return await self._call(lambda call: Generate(call, prompt_ids, sampling, request_id))
 
     async def generate_chat(self, messages: list[dict], tools: list[dict] | None,
                             sampling: SamplingParams) -> tuple[Generation, list[int] | None]:
-        return await self._call("generate_chat", messages, tools, sampling)
+        return await self._call(lambda call: GenerateChat(call, messages, tools, sampling))
 
-    async def _call(self, kind: str, *arguments: Any) -> Any:
+    async def _call(self, request: Callable[[int], Generate | GenerateChat]) -> Any:
+        """Send `request(call)` with a fresh call number; the result of the Generated that answers it."""
         if self.pipe is None:
             raise ConnectionError("the trainer's process is gone")
         call = next(self._calls)
-        self._waiting[call] = answer = asyncio.get_running_loop().create_future()
+        self._waiting[call] = waiting = asyncio.get_running_loop().create_future()
         try:
-            self.pipe.send((kind, call, *arguments))
-            result, error = await answer
+            self.pipe.send(request(call))
+            answer: Generated = await waiting
         except asyncio.CancelledError:
             if self._waiting.pop(call, None) is not None and self.pipe is not None:
-                self.pipe.send(("abort", call))
+                self.pipe.send(Abort(call))
             raise
-        if error is not None:
-            raise error
-        return result
+        if answer.error is not None:
+            raise answer.error
+        return answer.result
 
-    def answer(self, call: int, result: Any, error: Exception | None) -> None:
-        waiting = self._waiting.pop(call, None)
+    def answer(self, answer: Generated) -> None:
+        waiting = self._waiting.pop(answer.call, None)
         if waiting is not None and not waiting.done():
-            waiting.set_result((result, error))
+            waiting.set_result(answer)
 
     def disconnect(self) -> None:
         self.pipe = None
         waiting, self._waiting = self._waiting, {}
-        for answer in waiting.values():
+        for call, answer in waiting.items():
             if not answer.done():
-                answer.set_result((None, ConnectionError("the trainer's process is gone")))
+                answer.set_result(Generated(call, None, ConnectionError("the trainer's process is gone")))
 
 
 def serve_worker(sock: socket.socket, setup: _Setup) -> None:
@@ -422,10 +439,10 @@ class _Episodes:
             failure = f"{type(error).__name__}: {error}"
         pipe = self.engine.pipe = await open_pipe(self.sock, self._receive, self._stop)
         if failure is not None or self.gateway is None:
-            pipe.send(("failed", failure))
+            pipe.send(Failed(str(failure)))
             pipe.close()
             return
-        pipe.send(("ready",))
+        pipe.send(Ready())
         try:
             with rollout_gc():  # what is still running at the end, run_until_done cancels
                 await self.stopped
@@ -433,37 +450,38 @@ class _Episodes:
             await self.gateway.stop()
             pipe.close()
 
-    def _receive(self, message: tuple | None) -> None:
-        if message is None:  # the trainer is done with this worker
-            self._stop()
-            return
-        kind, key, *rest = message
-        if kind == "generated":
-            self.engine.answer(key, *rest)
-        elif kind == "run":
-            self.runs[key] = asyncio.create_task(self._run(key, *rest))
-        elif kind == "cancel" and key in self.runs:
-            self.runs[key].cancel()
-        elif kind == "end":
-            asyncio.create_task(self._end(key))
+    def _receive(self, message: ToWorker) -> None:
+        match message:
+            case Generated():
+                self.engine.answer(message)
+            case Run(job):
+                self.runs[job] = asyncio.create_task(self._run(message))
+            case Cancel(job) if job in self.runs:
+                self.runs[job].cancel()
+            case End(job):
+                asyncio.create_task(self._end(job))
+            case Stop():  # the trainer is done with this worker
+                self._stop()
 
     def _stop(self) -> None:
         self.engine.disconnect()
         if self.stopped is not None and not self.stopped.done():
             self.stopped.set_result(None)
 
-    async def _run(self, job: int, task: Task, episode_id: str, sampling: SamplingParams) -> None:
+    async def _run(self, run: Run) -> None:
         from agenttune.tuner import ModelTuner, call_logged
 
         assert self.gateway is not None
-        channel = self.gateway.open_episode(episode_id, sampling)
-        tuner = self.tuners[job] = ModelTuner(channel, task, self.setup.config, self.frameworks)
+        job = run.job
+        channel = self.gateway.open_episode(run.episode_id, run.sampling)
+        tuner = self.tuners[job] = ModelTuner(channel, run.task, self.setup.config, self.frameworks)
+        outcome: Outcome
         try:
-            outcome = ("ok", await call_workflow(self.setup.workflow_cls, task, tuner))
+            outcome, value = "ok", await call_workflow(self.setup.workflow_cls, run.task, tuner)
         except asyncio.CancelledError:
-            outcome = ("cancelled", None)
+            outcome, value = "cancelled", None
         except Exception as error:
-            outcome = ("error", describe(error))
+            outcome, value = "error", describe(error)
         finally:
             self.runs.pop(job, None)
         try:  # also after a failure: a partial conversation is what the log viewer must show
@@ -474,24 +492,24 @@ class _Episodes:
         self.gateway.close_episode(channel)
         if not tuner.has_cleanups:
             self.tuners.pop(job, None)
-        self._reply(("done", job, *outcome, dict(tuner.judge_input_dictionary), record, tuner.has_cleanups))
+        self._reply(Done(job, outcome, value, dict(tuner.judge_input_dictionary), record, tuner.has_cleanups))
 
     async def _end(self, job: int) -> None:
         tuner = self.tuners.pop(job, None)
         if tuner is not None:
             await tuner.run_cleanups()
-        self._reply(("ended", job))
+        self._reply(Ended(job))
 
-    def _reply(self, message: tuple) -> None:
+    def _reply(self, message: Done | Ended) -> None:
         pipe = self.engine.pipe
         if pipe is None:
             return  # the trainer is gone; serve() is ending
         try:
             pipe.send(message)
         except (pickle.PicklingError, TypeError, AttributeError) as error:  # pickling happens before writing
-            kind, job, *_, record, cleanups = message
-            pipe.send((kind, job, "error", f"the workflow's result (or what it handed the judge) cannot be sent "
-                                          f"back from the workflow process: {type(error).__name__}: {error}", {},
-                       record, cleanups))
+            assert isinstance(message, Done)  # only a Done carries the workflow's values
+            pipe.send(replace(message, outcome="error", handed={},
+                              value=f"the workflow's result (or what it handed the judge) cannot be sent back "
+                                    f"from the workflow process: {type(error).__name__}: {error}"))
         except OSError:
             pass  # the trainer is gone
