@@ -227,7 +227,7 @@ class PluginManager:
     def config_sections(self) -> dict[str, type]:
         """Top-level config sections the plugins own: each backbone's `Options` under the backbone's
         name, and the models of `register_config_sections`. One model may be registered under one
-        name by several plugins (the Ray backbones share `ray:`); two different models may not."""
+        name by several plugins (one section, shared); two different models may not."""
         if self._sections is None:
             found: dict[str, tuple[type, PluginInfo]] = {}
             for info, sections in self._call("register_config_sections"):

@@ -196,7 +196,7 @@ def test_a_directly_made_config_reads_owned_sections_as_their_defaults():
         config.section("greeter")
 
 
-def test_the_config_is_validated_once_into_the_model_with_the_plugins_sections(write_yaml, monkeypatch):
+def test_the_sources_compose_into_the_model_with_the_plugins_sections(write_yaml, monkeypatch):
     monkeypatch.setenv("AGENTTUNE_ROLLOUT__NUM_REPEAT", "3")
     config = load_config(write_yaml({"rollout": {"num_repeat": 2, "top_k": 5}}), ["rollout.top_p=0.5"])
     assert type(config) is config_model()

@@ -6,7 +6,7 @@ import pytest
 
 from agenttune.errors import UserError
 from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
-from agenttune.parsers.base import ToolParser
+from agenttune.parsers.base import ReasoningParser, ToolParser
 from agenttune.parsers.hermes import HermesToolParser
 from agenttune.parsers.think import ThinkParser
 from agenttune.testing.gateways import tiny_config
@@ -28,3 +28,16 @@ def test_reasoning_parser_by_name_reference_or_none():
     assert isinstance(reasoning_parser(reference), ThinkParser)
     with pytest.raises(UserError, match="unknown reasoning parser 'deepseek'. Available: think"):
         reasoning_parser(tiny_config(gateway={"reasoning_parser": "deepseek"}))
+
+
+class UnmarkedParser(ReasoningParser):
+    """A reasoning parser that forgot its markers."""
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        return None, text
+
+
+def test_a_reasoning_parser_without_markers_is_refused():
+    config = tiny_config(gateway={"reasoning_parser": f"{__name__}:UnmarkedParser"})
+    with pytest.raises(UserError, match="does not set its markers OPEN and CLOSE"):
+        reasoning_parser(config)

@@ -10,10 +10,16 @@ from functools import lru_cache
 from typing import Any
 
 from agenttune.engines.base import Generation, Guide, GuideError, InferenceEngine, SamplingParams
-from agenttune.gateway import madness
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.errors import GatewayError
 from agenttune.gateway.guides import guide_for
+from agenttune.gateway.madness import (
+    NONSENSE,
+    WRONG_TOOLCALL,
+    leaked_special_token,
+    repetition_loop,
+    wrong_tool_calls,
+)
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import ChatResult, ChunkWriter
@@ -309,18 +315,18 @@ class ChatCompletions:
 
     def _check_madness(self, channel: EpisodeChannel, request: ChatRequest, text_ids: list[int],
                        parsed: ToolParse) -> None:
-        if madness.NONSENSE in self.checks:
-            if madness.leaked_special_token(text_ids, self.renderer.special_ids):
-                channel.flag_madness(madness.NONSENSE, "a special token leaked into the reply")
-            elif madness.repetition_loop(text_ids):
-                channel.flag_madness(madness.NONSENSE, "the reply repeats one pattern over and over")
-        if madness.WRONG_TOOLCALL in self.checks:
+        if NONSENSE in self.checks:
+            if leaked_special_token(text_ids, self.renderer.special_ids):
+                channel.flag_madness(NONSENSE, "a special token leaked into the reply")
+            elif repetition_loop(text_ids):
+                channel.flag_madness(NONSENSE, "the reply repeats one pattern over and over")
+        if WRONG_TOOLCALL in self.checks:
             marker = self.tool_parser.START or ""
             without_tools = not request.tools and bool(marker) and marker in parsed.content
-            problems = madness.wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
+            problems = wrong_tool_calls(parsed.calls, parsed.errors, request.tool_names, without_tools)
             channel.counters["tool_call_errors"] += len(problems)
             for problem in problems:
-                channel.flag_madness(madness.WRONG_TOOLCALL, problem)
+                channel.flag_madness(WRONG_TOOLCALL, problem)
 
 
 def logprob_problem(token_ids: list[int], logprobs: list[float] | None) -> tuple[str, str] | None:

@@ -23,7 +23,13 @@ def reasoning_parser(config: AgentTuneConfig) -> ReasoningParser | None:
     name = config.gateway.reasoning_parser
     if name is None:  # null: the reasoning stays in the content
         return None
-    return _parser("reasoning_parsers", name, config, key="gateway.reasoning_parser")
+    parser = _parser("reasoning_parsers", name, config, key="gateway.reasoning_parser")
+    if not (parser.OPEN and parser.CLOSE):  # an empty marker is found everywhere: every reply would be reasoning
+        raise UserError(f"gateway.reasoning_parser: {name!r} ({type(parser).__name__}) does not set its markers "
+                        "OPEN and CLOSE.",
+                        hint="Give the parser class the strings that open and close the reasoning, e.g. "
+                             "OPEN, CLOSE = '<think>', '</think>'.")
+    return parser
 
 
 @overload

@@ -37,8 +37,8 @@ class ReasoningParser(Component):
     """Separates a reply's reasoning from its answer; the reasoning goes to `reasoning_content`.
 
     A reasoning parser class has a unique `name` (what `gateway.reasoning_parser` selects) and is
-    created once per gateway, with no arguments. `OPEN` and `CLOSE` are the markers around the
-    reasoning: streaming sends the text between them as reasoning deltas, and a prompt that ends
+    created once per gateway, with no arguments. `OPEN` and `CLOSE` (required, non-empty) are the
+    markers around the reasoning: streaming sends the text between them as reasoning deltas, and a prompt that ends
     in `OPEN` (a template that opens the block itself) starts the reply inside the reasoning.
     """
 

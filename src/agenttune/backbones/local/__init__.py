@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from agenttune.backbones.base import Backbone
-from agenttune.backbones.local.options import LocalOptions
+from agenttune.backbones.local.options import LocalOptions, local_options
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class LocalBackbone(Backbone):
 
     @classmethod
     def check(cls, config: AgentTuneConfig) -> None:
-        local = config.section(cls.name, LocalOptions)
+        local = local_options(config)
         missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
         if local.lora_rank > 0 and importlib.util.find_spec("peft") is None:
             missing.append("peft")
