@@ -18,7 +18,9 @@ rollout tokens/s (generated tokens / generation time), training tokens/s (prompt
 / time of the policy update), wall time per step and, on CUDA, peak GPU memory; and the ratio
 agenttune / TRL. `--json PATH` writes them (with `rollout_tokens_per_s_ratio` and
 `wall_time_per_step_ratio`). `--lora R` trains a rank-R LoRA adapter on both sides,
-`--gradient-checkpointing` turns it on for both. Needs `trl`
+`--gradient-checkpointing` turns it on for both; `--engine KEY=VALUE` sets an option of agenttune's
+`hf` engine (e.g. `--engine lean_forward=false --engine cpu_threads=2`, the engine before the lean
+forward pass and the one-thread decode). Needs `trl`
 (`pip install 'agenttune[bench]'`). Other processes on the machine skew both sides alike; run it on a
 quiet machine for numbers worth quoting.
 """
@@ -85,6 +87,7 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
         "local": {"device": args.device, "micro_batch_tokens": 1 << 20, "plot": False, "lora_rank": args.lora,
                   "gradient_checkpointing": args.gradient_checkpointing},
         "monitor": {"tensorboard": False},
+        "engine": {"type": "hf", **args.engine},
     }
     _reset_peak_memory(args.device)
     path = workdir / "bench.yaml"
@@ -219,6 +222,15 @@ def as_json(args: argparse.Namespace, ours: dict[str, float], theirs: dict[str, 
     return result
 
 
+def engine_option(text: str) -> tuple[str, object]:
+    import yaml
+
+    key, separator, value = text.partition("=")
+    if not separator:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. lean_forward=false")
+    return key, yaml.safe_load(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
@@ -230,7 +242,10 @@ def main() -> None:
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="write the figures and ratios here")
+    parser.add_argument("--engine", type=engine_option, action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of agenttune's hf engine (repeatable), e.g. lean_forward=false")
     args = parser.parse_args()
+    args.engine = dict(args.engine)
     from rich.console import Console
     from rich.table import Table
 

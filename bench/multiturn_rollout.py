@@ -13,7 +13,9 @@ decode step over the requests in flight at that step (decoding + queued), summed
 1.0 means no request ever waited for a batch to finish. Target (issue 20): occupancy >= 0.8.
 Also the GIL question: the share of its wall time in batches the decode thread spent on a CPU (the
 rest it waited for the GIL the event loop held, or for a core), and the event loop thread's CPU
-share of the run. `--cpu-threads 1` runs the decode thread with one intra-op thread.
+share of the run. `--cpu-threads N` sets the engine's `cpu_threads` (the decode thread's intra-op
+threads; default half of torch's), `--no-lean-forward` runs transformers' forward pass instead of
+the engine's lean one.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
                                   "max_response_length_in_one_turn": args.max_tokens})
     tokenizer = load_tokenizer(config.model)
     engine = HFEngine(load_model(config.model, device="cpu"), tokenizer, max_batch_size=args.max_batch_size,
-                      max_model_len=config.model.max_model_len)
+                      max_model_len=config.model.max_model_len, cpu_threads=args.cpu_threads,
+                      lean_forward=args.lean_forward)
     tasks = [Task(task_id=f"t{i}", query=f"What is {17 * i + 3} + {29 * i + 5}?") for i in range(args.episodes)]
     async with running_gateway(engine, tokenizer=tokenizer, config=config) as gateway:
         rollout = RolloutEngine(config, gateway, FourTurns, NoJudge())
@@ -88,12 +91,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="most new tokens per turn")
     parser.add_argument("--max-batch-size", type=int, default=HFOptions().max_batch_size,
                         help="the hf engine's max_batch_size (default: the engine's default)")
-    parser.add_argument("--cpu-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--cpu-threads", type=int, default=None,
+                        help="the decode thread's intra-op threads (default: the engine's, half of torch's)")
+    parser.add_argument("--no-lean-forward", dest="lean_forward", action="store_false",
+                        help="transformers' forward pass instead of the engine's lean one")
     args = parser.parse_args()
-    if args.cpu_threads:
-        import torch
-
-        torch.set_num_threads(args.cpu_threads)
     result = asyncio.run(measure(args))
     if result["failed"]:
         raise SystemExit(f"{result['failed']} episodes failed (see the log above): the figures would mean nothing")

@@ -104,7 +104,8 @@ async def test_requests_arriving_during_a_batch_join_it(tiny_model, tiny_tokeniz
     sampling = SamplingParams(temperature=1.0, max_tokens=24)
     prompt_ids = ids(tiny_tokenizer, prompts[2])
     first = [asyncio.create_task(engine.generate(prompt_ids, sampling)) for _ in range(10)]
-    await asyncio.sleep(0.05)  # the first batch is running now
+    while not engine.decode_steps:  # until the first batch decodes (a fixed sleep may outlast it)
+        await asyncio.sleep(0.001)
     later = [asyncio.create_task(engine.generate(prompt_ids, sampling)) for _ in range(30)]
     results = await asyncio.gather(*first, *later)
     assert all(len(result.token_ids) >= 1 for result in results)
@@ -239,6 +240,26 @@ def test_the_kv_memory_fraction_only_applies_on_cuda(tiny_model, tiny_tokenizer)
     assert engine.max_batch_tokens is None  # CPU: max_batch_size alone
     config = tiny_config(engine={"type": "hf", "max_batch_tokens": 4096})
     assert build_engine(config, tiny_tokenizer, model=tiny_model).max_batch_tokens == 4096
+
+
+def test_the_decode_thread_takes_half_the_cores_beside_a_trainer(tiny_model, tiny_tokenizer, monkeypatch):
+    """Beside a trainer in the same process (a shared model) the decode thread's intra-op team is
+    half of torch's; serving alone (a model of its own) it is torch's; cpu_threads overrides both.
+    An OpenMP team belongs to its thread: the caller's thread count does not change."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    monkeypatch.setattr("agenttune.model_loading.load_model", lambda *args, **kwargs: tiny_model)
+    before = torch.get_num_threads()
+    shared = build_engine(tiny_config(), tiny_tokenizer, model=tiny_model)
+    alone = build_engine(tiny_config(), tiny_tokenizer)
+    chosen = build_engine(tiny_config(engine={"type": "hf", "cpu_threads": 3}), tiny_tokenizer, model=tiny_model)
+    decode_threads = [engine._executor.submit(torch.get_num_threads).result() for engine in (shared, alone, chosen)]
+    assert decode_threads == [max(1, before // 2), before, 3]
+    assert torch.get_num_threads() == before
+    with ThreadPoolExecutor(max_workers=1) as later:  # threads started afterwards begin with torch's count
+        assert later.submit(torch.get_num_threads).result() == before
 
 
 async def test_a_seeded_request_samples_the_same_alone_or_joining_a_busy_batch(tiny_model, tiny_tokenizer, prompts):

@@ -63,6 +63,18 @@ class HFOptions(BaseModel):
                     "together (a group of episodes starting at once) then share one batch instead of "
                     "the first one running alone. 0 starts at once.")
     max_batch_wait_ms: float = Field(default=50.0, ge=0, description="The longest a batch waits to fill up.")
+    lean_forward: bool = Field(
+        default=True,
+        description="Run llama, qwen2, qwen3 and mistral models through the engine's own forward pass "
+                    "(engines/lean_decoder.py: the model's layers without transformers' per-call "
+                    "bookkeeping, a preallocated KV cache). False, or any other model: the "
+                    "transformers model's forward.")
+    cpu_threads: int | None = Field(
+        default=None, gt=0,
+        description="On CPU: the intra-op threads of the decode thread. None: when the engine shares its "
+                    "model with a trainer in the same process (the local backbone), half of torch's "
+                    "(at least one): two thread teams that each want every core slow each other "
+                    "down; otherwise torch's. Ignored on CUDA.")
 
 
 @dataclass
@@ -89,7 +101,8 @@ class HFEngine(InferenceEngine):
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 128, max_batch_tokens: int | None = None,
                  max_model_len: int | None = None,
-                 batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0):
+                 batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0, lean_forward: bool = True,
+                 cpu_threads: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -101,6 +114,7 @@ class HFEngine(InferenceEngine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
         self.joined = 0  # requests that joined a batch already decoding (continuous batching)
+        self.prefilled_rows = 0  # prompts run through the model: identical prompts count once
         # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
         # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
         self.decode_steps: list[tuple[int, int]] = []
@@ -112,21 +126,25 @@ class HFEngine(InferenceEngine):
         self._pending_lock = threading.Lock()  # appended on the event loop, taken by the decode thread
         self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
+        self._executor = _decode_executor(model, cpu_threads)
         self._cache_keyword = _cache_keyword(model)
+        self._lean = _lean_decoder(model) if lean_forward else None
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
     @classmethod
     def from_config(cls, config: Any, options: HFOptions, tokenizer: Any, *, model: Any = None) -> HFEngine:
+        shared = model is not None  # the trainer's: it computes in this process too
         if model is None:
             from agenttune.model_loading import load_model
 
             model = load_model(config.model, device=options.device)
+        threads = options.cpu_threads or (_half_the_threads() if shared else None)
         budget = options.max_batch_tokens or _kv_budget_tokens(model, options.kv_cache_memory_fraction)
         return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_batch_tokens=budget,
                    max_model_len=config.model.max_model_len,
-                   batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms)
+                   batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms,
+                   lean_forward=options.lean_forward, cpu_threads=threads)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -305,7 +323,7 @@ class HFEngine(InferenceEngine):
                 loop.call_soon_threadsafe(_resolve, request, finish)
             if len(keep) < len(active):  # finished rows leave the batch and its KV cache
                 index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
+                _select_rows(cache, index)
                 mask.select(index)
                 next_positions, tokens = next_positions[index], tokens[index]
                 active = [active[row] for row in keep]
@@ -333,23 +351,37 @@ class HFEngine(InferenceEngine):
                                      vocab_size=logits.shape[-1], device=logits.device)
 
     def _prefill(self, batch: list[_Request], device: Any) -> tuple[Any, Any, Any, Any]:
-        """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions)."""
+        """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions).
+
+        Identical prompts are run once and their cache rows copied: a GRPO group's episodes start
+        with the same prompt, so a group of 8 prefills one row instead of 8.
+        """
         import torch
         from transformers import DynamicCache
 
-        width = max(len(request.prompt_ids) for request in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, request in enumerate(batch):
-            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
-            attention[row, width - len(request.prompt_ids):] = 1
+        first_row: dict[tuple[int, ...], int] = {}
+        rows = [first_row.setdefault(tuple(request.prompt_ids), len(first_row)) for request in batch]
+        prompts = list(first_row)
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention[row, width - len(prompt):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = self._lean.new_cache() if self._lean is not None else DynamicCache(config=self.model.config)
         logits = self._forward(input_ids, attention, positions, cache)
+        self.prefilled_rows += len(prompts)
+        if len(prompts) < len(batch):  # copy the shared prompts' rows to every request that sent them
+            index = torch.tensor(rows, device=device)
+            _select_rows(cache, index)
+            logits, attention, positions = logits[index], attention[index], positions[index]
         return logits, cache, attention, positions[:, -1:] + 1
 
     def _forward(self, input_ids: Any, attention: Any, positions: Any, cache: Any) -> Any:
+        if self._lean is not None:
+            return self._lean.forward(input_ids, attention, positions, cache)
         output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                             use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache})
         # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
@@ -392,6 +424,25 @@ def _copy_weights(source: Any, target: Any) -> None:
         destination.copy_(tensor.detach(), non_blocking=True)
 
 
+def _lean_decoder(model: Any) -> Any:
+    """The engine's own forward pass for this model, or None where transformers' must run."""
+    import torch
+
+    from agenttune.engines.lean_decoder import LeanDecoder
+    from agenttune.run import get_logger
+
+    if not LeanDecoder.supports(model):
+        return None
+    decoder = LeanDecoder(model)
+    with torch.inference_mode(), _eval_mode(model):
+        if decoder.matches_transformers():
+            return decoder
+    get_logger("engines.hf").warning("hf engine: the lean forward pass does not reproduce this model's logits; using "
+                "transformers' forward (slower). Please report the model.",
+                model_type=getattr(model.config, "model_type", None))
+    return None
+
+
 def _cache_keyword(model: Any) -> str:
     """transformers 5.x renames `past_key_values` to `cache` (the old name warns on every call, and
     goes in 5.40); 4.x knows only the old one. A peft model passes keywords on to its base model."""
@@ -425,10 +476,23 @@ def _joinable(cache: Any) -> bool:
     no quantized or offloaded layers), which left-padding and concatenation keep exact."""
     from transformers.cache_utils import DynamicLayer
 
+    from agenttune.engines.lean_decoder import LeanCache
+
+    if isinstance(cache, LeanCache):
+        return True
     layers = getattr(cache, "layers", None)
     if not layers:
         return False
     return all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _select_rows(cache: Any, index: Any) -> None:
+    from agenttune.engines.lean_decoder import LeanCache
+
+    if isinstance(cache, LeanCache):
+        cache.select(index)
+    else:
+        cache.batch_select_indices(index)
 
 
 def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any) -> Any:
@@ -437,7 +501,13 @@ def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any)
     import torch
     import torch.nn.functional as F
 
+    from agenttune.engines.lean_decoder import LeanCache
+
     width = max(attention.shape[1], new_attention.shape[1])
+    if isinstance(cache, LeanCache):
+        cache.join(new_cache)
+        return torch.cat([F.pad(attention, [width - attention.shape[1], 0]),
+                          F.pad(new_attention, [width - new_attention.shape[1], 0])])
 
     def padded(tensor: Any, dim_from_end: int) -> Any:
         missing = width - tensor.shape[-dim_from_end]
@@ -504,3 +574,34 @@ def _eval_mode(model: Any):
     finally:
         if was_training:
             model.train()
+
+
+def _decode_executor(model: Any, threads: int | None) -> ThreadPoolExecutor:
+    """The decode thread, with `threads` intra-op threads on CPU (None: torch's).
+
+    An OpenMP team belongs to the thread that starts it, so the trainer's keeps its size. But
+    `torch.set_num_threads` also sets the count threads started later begin with, so the caller's
+    count is set again once the decode thread has taken its own."""
+    import torch
+
+    if not threads or model.device.type != "cpu":
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine",
+                                  initializer=_set_threads, initargs=(threads,))
+    callers = torch.get_num_threads()
+    executor.submit(int).result()  # starts the thread: its initializer runs now
+    torch.set_num_threads(callers)
+    return executor
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.get_num_threads()  # a thread's first call sets its count to the default: let it happen first
+    torch.set_num_threads(threads)
+
+
+def _half_the_threads() -> int:
+    import torch
+
+    return max(1, torch.get_num_threads() // 2)

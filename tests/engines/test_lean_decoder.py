@@ -1,0 +1,224 @@
+"""The `hf` engine's lean forward pass (engines/lean_decoder.py): the same logits as transformers' forward
+on llama, qwen2, qwen3 and mistral, through left padding, decode steps, rows leaving and joining, and
+LoRA adapters; the engine's generations do not change with it, and shared prompts are prefilled once."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import structlog.testing
+
+from agenttune.engines.base import SamplingParams
+from agenttune.engines.hf import HFEngine
+from agenttune.engines.lean_decoder import LeanDecoder
+
+TINY = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, head_dim=16, max_position_embeddings=256)
+
+
+def random_model(architecture, **overrides):
+    """A tiny causal LM of `architecture` with random (seeded) weights."""
+    import torch
+    import transformers
+
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),  # q/k/v projections with bias
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),  # q_norm and k_norm
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[architecture]
+    torch.manual_seed(0)
+    config = config_class(**(TINY | {"sliding_window": None} | overrides))
+    return model_class(config).eval()
+
+
+def reference_logits(model, sequences):
+    """Transformers' own last-position logits for each sequence, run alone without padding."""
+    import torch
+
+    return torch.stack([model(torch.tensor([sequence])).logits[0, -1].float() for sequence in sequences])
+
+
+def left_padded(prompts):
+    """(input ids, attention mask, positions) of `prompts` left-padded to the longest."""
+    import torch
+
+    width = max(len(prompt) for prompt in prompts)
+    input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention[row, width - len(prompt):] = 1
+    return input_ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
+def ids(tokenizer, text):
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False)
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3", "mistral"])
+def test_lean_logits_match_transformers_through_padding_decoding_select_and_join(architecture):
+    import torch
+    import torch.nn.functional as F
+
+    model = random_model(architecture)
+    assert LeanDecoder.supports(model)
+    decoder = LeanDecoder(model)
+    prompts = torch.randint(1, 97, (3, 11), generator=torch.Generator().manual_seed(1)).tolist()
+    sequences = [prompts[0][:5], prompts[1][:9], prompts[2][:2]]
+    with torch.inference_mode():
+        input_ids, attention, positions = left_padded(sequences)
+        cache = decoder.new_cache()
+        logits = decoder.forward(input_ids, attention, positions, cache)
+        assert torch.allclose(logits, reference_logits(model, sequences), atol=1e-4)
+
+        def decode_step(logits, attention, positions):
+            tokens = logits.argmax(-1)
+            for sequence, token in zip(sequences, tokens.tolist(), strict=True):
+                sequence.append(token)
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            positions = positions[:, -1:] + 1
+            logits = decoder.forward(tokens[:, None], attention, positions, cache)
+            assert torch.allclose(logits, reference_logits(model, sequences), atol=1e-4)
+            return logits, attention, positions
+
+        for _ in range(4):
+            logits, attention, positions = decode_step(logits, attention, positions)
+
+        # Row 1 leaves (and the others swap places), then a longer prompt joins in a fresh cache.
+        keep = torch.tensor([2, 0])
+        cache.select(keep)
+        sequences[:] = [sequences[2], sequences[0]]
+        logits, attention, positions = logits[keep], attention[keep], positions[keep]
+        newcomer = torch.randint(1, 97, (17,), generator=torch.Generator().manual_seed(2)).tolist()
+        new_ids, new_attention, new_positions = left_padded([newcomer])
+        new_cache = decoder.new_cache()
+        new_logits = decoder.forward(new_ids, new_attention, new_positions, new_cache)
+        assert torch.allclose(new_logits, reference_logits(model, [newcomer]), atol=1e-4)
+        cache.join(new_cache)
+        width = max(attention.shape[1], new_attention.shape[1])
+        attention = torch.cat([F.pad(attention, [width - attention.shape[1], 0]),
+                               F.pad(new_attention, [width - new_attention.shape[1], 0])])
+        sequences.append(newcomer)
+        decode_step(torch.cat([logits, new_logits]), attention, torch.cat([positions, new_positions[:, -1:]]))
+
+
+def test_sliding_window_and_other_architectures_run_transformers_forward(tiny_tokenizer):
+    import torch
+    import transformers
+
+    assert not LeanDecoder.supports(random_model("mistral", sliding_window=8))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    gpt2 = transformers.GPT2LMHeadModel(config).eval()
+    assert not LeanDecoder.supports(gpt2)
+    assert HFEngine(gpt2, tiny_tokenizer)._lean is None
+
+
+def test_lean_forward_uses_the_lora_adapter(tiny_model, tiny_tokenizer):
+    import torch
+
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False)
+    adapted = peft.get_peft_model(copy.deepcopy(tiny_model), config).eval()
+    assert LeanDecoder.supports(adapted)
+    assert HFEngine(adapted, tiny_tokenizer)._lean is not None
+    prompt = torch.tensor([ids(tiny_tokenizer, "What is the weather like today in Paris?")])
+    with torch.inference_mode():
+        attention = torch.ones_like(prompt)
+        positions = torch.arange(prompt.shape[1])[None]
+        lean = LeanDecoder(adapted).forward(prompt, attention, positions, LeanDecoder(adapted).new_cache())
+        expected = adapted(prompt).logits[:, -1].float()
+        base = tiny_model(prompt).logits[:, -1].float()
+    assert torch.allclose(lean, expected, atol=1e-4)
+    assert not torch.allclose(lean, base, atol=1e-2)
+
+
+def test_a_model_the_lean_forward_does_not_reproduce_runs_transformers_forward(tiny_model, tiny_tokenizer):
+    """An architecture variant the lean path does not know (here: a layer that scales its output)
+    is caught by the engine's start-up comparison, not trusted."""
+    import types
+
+    variant = copy.deepcopy(tiny_model)
+    layer = variant.model.layers[0]
+    plain_forward = layer.forward
+    layer.forward = types.MethodType(lambda self, *args, **kwargs: 2 * plain_forward(*args, **kwargs), layer)
+    assert LeanDecoder.supports(variant)
+    with structlog.testing.capture_logs() as logs:
+        assert HFEngine(variant, tiny_tokenizer)._lean is None
+    assert any("does not reproduce this model's logits" in entry["event"] for entry in logs)
+    assert HFEngine(tiny_model, tiny_tokenizer)._lean is not None
+
+
+async def test_a_long_generation_grows_the_cache_and_matches_transformers_forward(tiny_model, tiny_tokenizer):
+    """Past the cache's 64 spare columns the lean cache reallocates; the tokens must not change."""
+    import torch
+
+    prompt = ids(tiny_tokenizer, "1 2 3")
+    greedy = SamplingParams(temperature=0, max_tokens=150)
+    generations = []
+    for lean in (True, False):
+        engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean)
+        generations.append(await engine.generate(prompt, greedy))
+        await engine.aclose()
+    assert len(generations[0].token_ids) > 70  # enough to pass the first reallocation
+    assert generations[0].token_ids == generations[1].token_ids
+    assert torch.allclose(torch.tensor(generations[0].logprobs), torch.tensor(generations[1].logprobs), atol=1e-4)
+
+
+async def test_engine_greedy_generations_are_the_same_with_and_without_lean_forward(tiny_model, tiny_tokenizer):
+    import torch
+
+    prompts = [ids(tiny_tokenizer, text) for text in
+               ["Hello", "What is the weather like today in Paris?", "1 2 3", "Natalia sold clips to 48 friends."]]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    generations = {}
+    for lean in (True, False):
+        engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean)
+        assert (engine._lean is not None) is lean
+        generations[lean] = await asyncio.gather(*[engine.generate(prompt, greedy) for prompt in prompts])
+        await engine.aclose()
+    for fast, reference in zip(generations[True], generations[False], strict=True):
+        assert fast.token_ids == reference.token_ids
+        assert torch.allclose(torch.tensor(fast.logprobs), torch.tensor(reference.logprobs), atol=1e-4)
+
+
+@pytest.mark.parametrize("lean_forward", [True, False])
+async def test_shared_prompts_are_prefilled_once_and_sample_independently(tiny_model, tiny_tokenizer, lean_forward):
+    import torch
+
+    prompt = ids(tiny_tokenizer, "Natalia sold clips to 48 friends.")
+    seeded = [SamplingParams(temperature=1.0, max_tokens=10, seed=seed) for seed in (1, 2, 3, 4)]
+    engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean_forward)
+    together = await asyncio.gather(*[engine.generate(prompt, sampling) for sampling in seeded])
+    assert engine.batch_sizes == [4]
+    assert engine.prefilled_rows == 1
+    await engine.aclose()
+    for sampling, generation in zip(seeded, together, strict=True):
+        engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean_forward)
+        alone = await engine.generate(prompt, sampling)
+        await engine.aclose()
+        assert generation.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(generation.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+    assert len({tuple(generation.token_ids) for generation in together}) >= 2
+
+
+def test_repeated_key_value_heads_attend_as_grouped_ones():
+    """On CUDA the lean pass repeats each key/value head for its query heads (the fused kernels take
+    no grouped heads beside a mask); it must equal the grouped attention it replaces on CPU."""
+    import torch
+    import torch.nn.functional as F
+
+    from agenttune.engines.lean_decoder import _repeat_heads
+
+    torch.manual_seed(0)
+    queries, keys, values = torch.randn(3, 8, 1, 16), torch.randn(3, 2, 10, 16), torch.randn(3, 2, 10, 16)
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., :4] = False  # a left-padded row
+    grouped = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=True)
+    repeated = F.scaled_dot_product_attention(queries, _repeat_heads(keys, 8), _repeat_heads(values, 8), attn_mask=mask)
+    assert torch.allclose(grouped, repeated, atol=1e-6)
