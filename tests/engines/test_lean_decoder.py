@@ -107,7 +107,7 @@ def test_lean_logits_match_transformers_through_padding_decoding_select_and_join
         decode_step(torch.cat([logits, new_logits]), attention, torch.cat([positions, new_positions[:, -1:]]))
 
 
-def test_sliding_window_and_other_architectures_run_transformers_forward(tiny_tokenizer):
+def test_sliding_windows_other_architectures_and_dispatched_models_run_transformers_forward(tiny_tokenizer):
     import torch
     import transformers
 
@@ -117,6 +117,9 @@ def test_sliding_window_and_other_architectures_run_transformers_forward(tiny_to
     gpt2 = transformers.GPT2LMHeadModel(config).eval()
     assert not LeanDecoder.supports(gpt2)
     assert HFEngine(gpt2, tiny_tokenizer)._lean is None
+    dispatched = random_model("llama")
+    dispatched.model.layers[1].mlp._hf_hook = object()  # what accelerate's device_map / offloading leaves
+    assert not LeanDecoder.supports(dispatched)
 
 
 def test_lean_forward_uses_the_lora_adapter(tiny_model, tiny_tokenizer):
@@ -140,8 +143,10 @@ def test_lean_forward_uses_the_lora_adapter(tiny_model, tiny_tokenizer):
 
 def test_a_model_the_lean_forward_does_not_reproduce_runs_transformers_forward(tiny_model, tiny_tokenizer):
     """An architecture variant the lean path does not know (here: a layer that scales its output)
-    is caught by the engine's start-up comparison, not trusted."""
+    is caught by the engine's start-up comparison, not trusted; one it cannot run is left to transformers."""
     import types
+
+    import torch
 
     variant = copy.deepcopy(tiny_model)
     layer = variant.model.layers[0]
@@ -152,6 +157,12 @@ def test_a_model_the_lean_forward_does_not_reproduce_runs_transformers_forward(t
         assert HFEngine(variant, tiny_tokenizer)._lean is None
     assert any("does not reproduce this model's logits" in entry["event"] for entry in logs)
     assert HFEngine(tiny_model, tiny_tokenizer)._lean is not None
+    broken = copy.deepcopy(tiny_model)
+    del broken.model.layers[0].self_attn.q_proj  # a variant whose layers the lean pass cannot even run
+    broken.model.layers[0].self_attn.query = torch.nn.Linear(128, 128)
+    with structlog.testing.capture_logs() as logs:
+        assert HFEngine(broken, tiny_tokenizer)._lean is None
+    assert any("fails on this model (AttributeError" in entry["event"] for entry in logs)
 
 
 async def test_a_long_generation_grows_the_cache_and_matches_transformers_forward(tiny_model, tiny_tokenizer):

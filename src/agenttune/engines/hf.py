@@ -433,13 +433,17 @@ def _lean_decoder(model: Any) -> Any:
 
     if not LeanDecoder.supports(model):
         return None
-    decoder = LeanDecoder(model)
-    with torch.inference_mode(), _eval_mode(model):
-        if decoder.matches_transformers():
-            return decoder
-    get_logger("engines.hf").warning("hf engine: the lean forward pass does not reproduce this model's logits; using "
-                "transformers' forward (slower). Please report the model.",
-                model_type=getattr(model.config, "model_type", None))
+    try:
+        decoder = LeanDecoder(model)
+        with torch.inference_mode(), _eval_mode(model):
+            if decoder.matches_transformers():
+                return decoder
+        problem = "does not reproduce this model's logits"
+    except Exception as error:  # a variant it cannot even run: transformers' forward will
+        problem = f"fails on this model ({type(error).__name__}: {error})"
+    get_logger("engines.hf").warning(f"hf engine: the lean forward pass {problem}; using transformers' forward "
+                                     "(slower). Please report the model.",
+                                     model_type=getattr(model.config, "model_type", None))
     return None
 
 

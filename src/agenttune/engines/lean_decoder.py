@@ -116,6 +116,8 @@ class LeanDecoder:
             return False  # mistral's window (and qwen's when switched on) needs a windowed mask
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
             return False
+        if any(hasattr(module, "_hf_hook") for module in causal_lm.modules()):
+            return False  # dispatched by accelerate (device_map, offloading): its hooks move the tensors
         body = getattr(causal_lm, "model", None)
         return all(hasattr(body, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) and \
             hasattr(causal_lm, "lm_head")
