@@ -89,10 +89,15 @@ def test_lean_logits_match_transformers_through_padding_decoding_select_and_join
         for _ in range(4):
             logits, attention, positions = decode_step(logits, attention, positions)
 
-        # Row 1 leaves (and the others swap places), then a longer prompt joins in a fresh cache.
-        keep = torch.tensor([2, 0])
-        cache.select(keep)
-        sequences[:] = [sequences[2], sequences[0]]
+        # Row 1 leaves and row 2 takes its place (the buffers are reused) ...
+        keep = [0, 2]
+        cache.select(keep, torch.tensor(keep))
+        sequences[:] = [sequences[0], sequences[2]]
+        logits, attention, positions = decode_step(logits[keep], attention[keep], positions[keep])
+        # ... then the two swap places (new buffers), and a longer prompt joins in a fresh cache.
+        keep = [1, 0]
+        cache.select(keep, torch.tensor(keep))
+        sequences[:] = [sequences[1], sequences[0]]
         logits, attention, positions = logits[keep], attention[keep], positions[keep]
         newcomer = torch.randint(1, 97, (17,), generator=torch.Generator().manual_seed(2)).tolist()
         new_ids, new_attention, new_positions = left_padded([newcomer])
@@ -179,6 +184,16 @@ async def test_a_long_generation_grows_the_cache_and_matches_transformers_forwar
     assert len(generations[0].token_ids) > 70  # enough to pass the first reallocation
     assert generations[0].token_ids == generations[1].token_ids
     assert torch.allclose(torch.tensor(generations[0].logprobs), torch.tensor(generations[1].logprobs), atol=1e-4)
+
+
+def test_rows_leaving_move_only_the_rows_that_fill_their_places():
+    from agenttune.engines.hf import _filling_holes
+
+    assert _filling_holes([0, 1, 2]) == [0, 1, 2]
+    assert _filling_holes([0, 2, 3]) == [0, 3, 2]  # row 1 left: row 3 takes its place, row 2 stays
+    assert _filling_holes([3, 4]) == [3, 4]
+    assert _filling_holes([1, 4, 5]) == [4, 1, 5]
+    assert sorted(_filling_holes([0, 2, 5, 6, 9])) == [0, 2, 5, 6, 9]
 
 
 async def test_engine_greedy_generations_are_the_same_with_and_without_lean_forward(tiny_model, tiny_tokenizer):

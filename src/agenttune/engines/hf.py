@@ -322,11 +322,12 @@ class HFEngine(InferenceEngine):
             for request, finish in finished:
                 loop.call_soon_threadsafe(_resolve, request, finish)
             if len(keep) < len(active):  # finished rows leave the batch and its KV cache
-                index = torch.tensor(keep, device=device)
-                _select_rows(cache, index)
+                order = _filling_holes(keep)
+                index = torch.tensor(order, device=device)
+                _select_rows(cache, order, index)
                 mask.select(index)
                 next_positions, tokens = next_positions[index], tokens[index]
-                active = [active[row] for row in keep]
+                active = [active[row] for row in order]
                 sampler = self._sampler(active, logits)
             attention = mask.extend()
             with self._weights_lock:  # a weight update lands between steps, never inside one
@@ -375,7 +376,7 @@ class HFEngine(InferenceEngine):
         self.prefilled_rows += len(prompts)
         if len(prompts) < len(batch):  # copy the shared prompts' rows to every request that sent them
             index = torch.tensor(rows, device=device)
-            _select_rows(cache, index)
+            _select_rows(cache, rows, index)
             logits, attention, positions = logits[index], attention[index], positions[index]
         return logits, cache, attention, positions[:, -1:] + 1
 
@@ -490,11 +491,24 @@ def _joinable(cache: Any) -> bool:
     return all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _select_rows(cache: Any, index: Any) -> None:
+def _filling_holes(keep: list[int]) -> list[int]:
+    """The kept rows in an order that moves as few as possible: rows among the first len(keep)
+    stay where they are, and the places of the rows that left take the kept rows from beyond.
+    (Every per-row state follows the same order, so the order itself does not matter.)"""
+    count, kept = len(keep), set(keep)
+    order = list(range(count))
+    holes = [row for row in order if row not in kept]
+    for hole, row in zip(holes, [row for row in keep if row >= count], strict=True):
+        order[hole] = row
+    return order
+
+
+def _select_rows(cache: Any, rows: list[int], index: Any) -> None:
+    """Keep these rows of the cache, in this order (`index`: `rows` as a tensor on its device)."""
     from agenttune.engines.lean_decoder import LeanCache
 
     if isinstance(cache, LeanCache):
-        cache.select(index)
+        cache.select(rows, index)
     else:
         cache.batch_select_indices(index)
 

@@ -36,8 +36,9 @@ RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralR
 class LeanCache:
     """Per-layer keys and values, (rows, kv_heads, capacity, head_dim), filled left to right.
 
-    `length` columns are in use; rows are left-padded to it (the mask hides the padding). Growing
-    doubles the capacity, so appending a step is amortised O(1) instead of a copy of the cache.
+    `length` columns are in use; rows are left-padded to it (the mask hides the padding, which is
+    zeros). Each buffer keeps spare columns (half its length, at least 64), so appending a step is a
+    write, not a copy of the cache; rows leaving or joining copy only the columns in use, once.
     """
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int):
@@ -51,46 +52,73 @@ class LeanCache:
         """Store this step's keys and values at columns `length...`; return the layer's filled part.
         (Every layer writes the same columns; `advance` moves `length` once per step.)"""
         start, end = self.length, self.length + keys.shape[2]
-        if not self.keys[layer].numel():
-            self.keys[layer], self.values[layer] = _with_room(keys, 0, 64), _with_room(values, 0, 64)
-        elif end > self.keys[layer].shape[2]:
-            self.keys[layer] = _with_room(self.keys[layer][:, :, :start], 0, max(end, 2 * start) - start)
-            self.values[layer] = _with_room(self.values[layer][:, :, :start], 0, max(end, 2 * start) - start)
-            self.keys[layer][:, :, start:end], self.values[layer][:, :, start:end] = keys, values
-        else:
-            self.keys[layer][:, :, start:end], self.values[layer][:, :, start:end] = keys, values
+        if self.keys[layer].dim() < 4 or end > self.keys[layer].shape[2]:
+            self.keys[layer] = _regrown(self.keys[layer], start, end, like=keys)
+            self.values[layer] = _regrown(self.values[layer], start, end, like=values)
+        self.keys[layer][:, :, start:end], self.values[layer][:, :, start:end] = keys, values
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def advance(self, columns: int) -> None:
         self.length += columns
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep only these rows (finished rows leave the batch)."""
-        self.keys = [keys[index] for keys in self.keys]
-        self.values = [values[index] for values in self.values]
+    def select(self, rows: list[int], index: torch.Tensor) -> None:
+        """Keep only these rows, in this order (`index`: `rows` as a tensor on the cache's device).
+
+        When only rows that stay move, and only into the first len(rows) places (finished rows
+        leaving, in the order `hf._filling_holes` gives), the buffers are reused: the moved rows are
+        copied and the rest stays put. Otherwise (a shared prompt's row copied) new buffers."""
+        moved = [(place, row) for place, row in enumerate(rows) if place != row]
+        if all(row >= len(rows) for _, row in moved):  # no row is overwritten before it is read
+            if moved:
+                places = torch.tensor([place for place, _ in moved], device=index.device)
+                sources = torch.tensor([row for _, row in moved], device=index.device)
+                for buffer in (*self.keys, *self.values):
+                    used = buffer[:, :, :self.length]  # index_select/index_copy_ copy whole rows (fast)
+                    used.index_copy_(0, places, used.index_select(0, sources))
+            self.keys = [keys[:len(rows)] for keys in self.keys]
+            self.values = [values[:len(rows)] for values in self.values]
+            return
+        self.keys = [_gathered(keys, index, self.length) for keys in self.keys]
+        self.values = [_gathered(values, index, self.length) for values in self.values]
 
     def join(self, other: LeanCache) -> None:
         """Append `other`'s rows, both left-padded to the longer one (padding is masked out)."""
         width = max(self.length, other.length)
         for layer in range(len(self.keys)):
-            self.keys[layer] = torch.cat([_left_padded(self.keys[layer], self.length, width),
-                                          _left_padded(other.keys[layer], other.length, width)])
-            self.values[layer] = torch.cat([_left_padded(self.values[layer], self.length, width),
-                                            _left_padded(other.values[layer], other.length, width)])
+            self.keys[layer] = _stacked([(self.keys[layer], self.length), (other.keys[layer], other.length)], width)
+            self.values[layer] = _stacked([(self.values[layer], self.length), (other.values[layer], other.length)],
+                                          width)
         self.length = width
 
 
-def _with_room(tensor: torch.Tensor, pad_left: int, spare: int) -> torch.Tensor:
-    """`tensor` (rows, heads, columns, dim) with `pad_left` zero columns before it and `spare` after."""
-    rows, heads, columns, dim = tensor.shape
-    grown = tensor.new_zeros((rows, heads, pad_left + columns + spare, dim))
-    grown[:, :, pad_left:pad_left + columns] = tensor
+def _buffer(like: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """An uninitialised (rows, heads, columns + spare, dim) buffer of `like`'s type and device."""
+    return like.new_empty((rows, like.shape[1], columns + max(64, columns // 2), like.shape[3]))
+
+
+def _regrown(tensor: torch.Tensor, used: int, needed: int, *, like: torch.Tensor) -> torch.Tensor:
+    grown = _buffer(like, like.shape[0], needed)
+    if used:
+        grown[:, :, :used] = tensor[:, :, :used]
     return grown
 
 
-def _left_padded(tensor: torch.Tensor, length: int, width: int) -> torch.Tensor:
-    """The first `length` columns of `tensor`, left-padded to `width`, with 64 spare columns."""
-    return _with_room(tensor[:, :, :length], width - length, 64)
+def _gathered(tensor: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:
+    gathered = _buffer(tensor, len(index), length)
+    torch.index_select(tensor[:, :, :length], 0, index, out=gathered[:, :, :length])
+    return gathered
+
+
+def _stacked(parts: list[tuple[torch.Tensor, int]], width: int) -> torch.Tensor:
+    """The parts' rows one after the other, each part's `length` columns left-padded with zeros to `width`."""
+    stacked = _buffer(parts[0][0], sum(tensor.shape[0] for tensor, _ in parts), width)
+    row = 0
+    for tensor, length in parts:
+        rows = slice(row, row + tensor.shape[0])
+        stacked[rows, :, :width - length] = 0
+        stacked[rows, :, width - length:width] = tensor[:, :, :length]
+        row += tensor.shape[0]
+    return stacked
 
 
 class LeanDecoder:
