@@ -9,7 +9,9 @@ appended — a multi-turn agent's second turn does not wait for the other episod
 A decode step is one forward pass, one batched sampling (`engines/sampling.py`: per-row settings
 as tensors built when rows join or leave) and one device-to-host copy of the step's tokens and
 logprobs; stop tokens and stop strings are then checked on the host, stop strings only for rows
-that have them and only on the new text's tail.
+that have them and only on the new text's tail. Identical prompts in a prefill are run once (a
+GRPO group's episodes share theirs). Llama, qwen2, qwen3 and mistral models run the engine's own
+forward pass (engines/lean_decoder.py), any other model transformers'.
 
 The engine can share an already-loaded model (the local backbone trains the same object in
 process, so rollouts always see the current weights without a copy). Asynchronous training gives it
