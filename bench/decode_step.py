@@ -40,7 +40,7 @@ def run(engine, prompts, steps: int, device: str) -> tuple[list[float], float, l
         tokens = logits.argmax(-1)[:, None]
         synchronize()
         started = time.perf_counter()
-        logits = engine._forward(tokens, attention, positions, cache)
+        logits = engine._decoder.forward(tokens, attention, positions, cache)
         synchronize()
         times.append(time.perf_counter() - started)
         positions = positions + 1
@@ -82,7 +82,7 @@ def main() -> None:
     with torch.inference_mode():
         for lean in (False, True, False, True):  # interleaved: the second round is the one reported
             engine = HFEngine(model, tokenizer, lean_forward=lean)
-            if lean and engine._lean is None:
+            if lean and not engine.uses_lean_forward:
                 raise SystemExit(f"{args.model}: the lean forward pass does not support this model")
             results[lean] = run(engine, prompts, args.steps, args.device)
     reference, lean = results[False], results[True]

@@ -121,7 +121,7 @@ def test_sliding_windows_other_architectures_and_dispatched_models_run_transform
     config = transformers.GPT2Config(vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
     gpt2 = transformers.GPT2LMHeadModel(config).eval()
     assert not LeanDecoder.supports(gpt2)
-    assert HFEngine(gpt2, tiny_tokenizer)._lean is None
+    assert not HFEngine(gpt2, tiny_tokenizer).uses_lean_forward
     dispatched = random_model("llama")
     dispatched.model.layers[1].mlp._hf_hook = object()  # what accelerate's device_map / offloading leaves
     assert not LeanDecoder.supports(dispatched)
@@ -134,7 +134,7 @@ def test_lean_forward_uses_the_lora_adapter(tiny_model, tiny_tokenizer):
     config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False)
     adapted = peft.get_peft_model(copy.deepcopy(tiny_model), config).eval()
     assert LeanDecoder.supports(adapted)
-    assert HFEngine(adapted, tiny_tokenizer)._lean is not None
+    assert HFEngine(adapted, tiny_tokenizer).uses_lean_forward
     prompt = torch.tensor([ids(tiny_tokenizer, "What is the weather like today in Paris?")])
     with torch.inference_mode():
         attention = torch.ones_like(prompt)
@@ -159,14 +159,14 @@ def test_a_model_the_lean_forward_does_not_reproduce_runs_transformers_forward(t
     layer.forward = types.MethodType(lambda self, *args, **kwargs: 2 * plain_forward(*args, **kwargs), layer)
     assert LeanDecoder.supports(variant)
     with structlog.testing.capture_logs() as logs:
-        assert HFEngine(variant, tiny_tokenizer)._lean is None
+        assert not HFEngine(variant, tiny_tokenizer).uses_lean_forward
     assert any("does not reproduce this model's logits" in entry["event"] for entry in logs)
-    assert HFEngine(tiny_model, tiny_tokenizer)._lean is not None
+    assert HFEngine(tiny_model, tiny_tokenizer).uses_lean_forward
     broken = copy.deepcopy(tiny_model)
     del broken.model.layers[0].self_attn.q_proj  # a variant whose layers the lean pass cannot even run
     broken.model.layers[0].self_attn.query = torch.nn.Linear(128, 128)
     with structlog.testing.capture_logs() as logs:
-        assert HFEngine(broken, tiny_tokenizer)._lean is None
+        assert not HFEngine(broken, tiny_tokenizer).uses_lean_forward
     assert any("fails on this model (AttributeError" in entry["event"] for entry in logs)
 
 
@@ -205,7 +205,7 @@ async def test_engine_greedy_generations_are_the_same_with_and_without_lean_forw
     generations = {}
     for lean in (True, False):
         engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean)
-        assert (engine._lean is not None) is lean
+        assert engine.uses_lean_forward is lean
         generations[lean] = await asyncio.gather(*[engine.generate(prompt, greedy) for prompt in prompts])
         await engine.aclose()
     for fast, reference in zip(generations[True], generations[False], strict=True):

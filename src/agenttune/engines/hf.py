@@ -129,8 +129,7 @@ class HFEngine(InferenceEngine):
         self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
         self._executor = _decode_executor(model, cpu_threads)
-        self._cache_keyword = _cache_keyword(model)
-        self._lean = _lean_decoder(model) if lean_forward else None
+        self._decoder = _decoder(model, lean_forward)
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
@@ -293,7 +292,7 @@ class HFEngine(InferenceEngine):
         active = list(batch)
         sampler = self._sampler(active, logits)
         mask = _GrowingMask(attention)
-        joinable = _joinable(cache)
+        joinable = cache.joinable
         while True:
             self.decode_steps.append((len(active), len(active) + len(self._pending)))
             matchers = [request.matcher for request in active]
@@ -326,7 +325,7 @@ class HFEngine(InferenceEngine):
             if len(keep) < len(active):  # finished rows leave the batch and its KV cache
                 order = _filling_holes(keep)
                 index = torch.tensor(order, device=device)
-                _select_rows(cache, order, index)
+                cache.select(order, index)
                 mask.select(index)
                 next_positions, tokens = next_positions[index], tokens[index]
                 active = [active[row] for row in order]
@@ -334,13 +333,14 @@ class HFEngine(InferenceEngine):
             attention = mask.extend()
             with self._weights_lock:  # a weight update lands between steps, never inside one
                 version = self.policy_version
-                logits = self._forward(tokens[:, None], attention, next_positions, cache)
+                logits = self._decoder.forward(tokens[:, None], attention, next_positions, cache)
                 newcomers = self._take_pending(active) if joinable and self._pending else []
                 if newcomers:
                     new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
             next_positions = next_positions + 1
             if newcomers:
-                mask = _GrowingMask(_join_caches(cache, attention, new_cache, new_attention))
+                cache.join(new_cache)
+                mask = _GrowingMask(_joined_masks(attention, new_attention))
                 logits, next_positions = torch.cat([logits, new_logits]), torch.cat([next_positions, new_positions])
                 active += newcomers
                 batch += newcomers
@@ -360,7 +360,6 @@ class HFEngine(InferenceEngine):
         with the same prompt, so a group of 8 prefills one row instead of 8.
         """
         import torch
-        from transformers import DynamicCache
 
         first_row: dict[tuple[int, ...], int] = {}
         rows = [first_row.setdefault(tuple(request.prompt_ids), len(first_row)) for request in batch]
@@ -373,22 +372,19 @@ class HFEngine(InferenceEngine):
             attention[row, width - len(prompt):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = self._lean.new_cache() if self._lean is not None else DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, attention, positions, cache)
+        cache = self._decoder.new_cache()
+        logits = self._decoder.forward(input_ids, attention, positions, cache)
         self.prefilled_rows += len(prompts)
         if len(prompts) < len(batch):  # copy the shared prompts' rows to every request that sent them
             index = torch.tensor(rows, device=device)
-            _select_rows(cache, rows, index)
+            cache.select(rows, index)
             logits, attention, positions = logits[index], attention[index], positions[index]
         return logits, cache, attention, positions[:, -1:] + 1
 
-    def _forward(self, input_ids: Any, attention: Any, positions: Any, cache: Any) -> Any:
-        if self._lean is not None:
-            return self._lean.forward(input_ids, attention, positions, cache)
-        output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache})
-        # Contiguous: grammar masking writes through the tensor's memory (a [:, -1] view is strided).
-        return output.logits[:, -1, :].float().contiguous()
+    @property
+    def uses_lean_forward(self) -> bool:
+        """Whether this engine runs its own forward pass (engines/lean_decoder.py) or transformers'."""
+        return self._decoder.lean
 
     async def sync_weights(self, model: Any, version: int = 0) -> None:
         if model is self.model:  # the trained model itself (synchronous training): nothing to copy
@@ -427,15 +423,16 @@ def _copy_weights(source: Any, target: Any) -> None:
         destination.copy_(tensor.detach(), non_blocking=True)
 
 
-def _lean_decoder(model: Any) -> Any:
-    """The engine's own forward pass for this model, or None where transformers' must run."""
+def _decoder(model: Any, lean_forward: bool) -> Any:
+    """The engine's own forward pass for this model, or transformers' where the lean one cannot run."""
     import torch
 
     from agenttune.engines.lean_decoder import LeanDecoder
+    from agenttune.engines.transformers_decoder import TransformersDecoder
     from agenttune.run import get_logger
 
-    if not LeanDecoder.supports(model):
-        return None
+    if not lean_forward or not LeanDecoder.supports(model):
+        return TransformersDecoder(model)
     try:
         decoder = LeanDecoder(model)
         with torch.inference_mode(), _eval_mode(model):
@@ -447,16 +444,7 @@ def _lean_decoder(model: Any) -> Any:
     get_logger("engines.hf").warning(f"hf engine: the lean forward pass {problem}; using transformers' forward "
                                      "(slower). Please report the model.",
                                      model_type=getattr(model.config, "model_type", None))
-    return None
-
-
-def _cache_keyword(model: Any) -> str:
-    """transformers 5.x renames `past_key_values` to `cache` (the old name warns on every call, and
-    goes in 5.40); 4.x knows only the old one. A peft model passes keywords on to its base model."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return TransformersDecoder(model)
 
 
 def _reserved(request: _Request) -> int:
@@ -478,21 +466,6 @@ def _kv_budget_tokens(model: Any, fraction: float | None) -> int | None:
     return int(free * fraction // per_token)
 
 
-def _joinable(cache: Any) -> bool:
-    """Whether rows can join this cache: plain per-layer key/value tensors (no sliding windows,
-    no quantized or offloaded layers), which left-padding and concatenation keep exact."""
-    from transformers.cache_utils import DynamicLayer
-
-    from agenttune.engines.lean_decoder import LeanCache
-
-    if isinstance(cache, LeanCache):
-        return True
-    layers = getattr(cache, "layers", None)
-    if not layers:
-        return False
-    return all(type(layer) is DynamicLayer for layer in layers)
-
-
 def _filling_holes(keep: list[int]) -> list[int]:
     """The kept rows in an order that moves as few as possible: rows among the first len(keep)
     stay where they are, and the places of the rows that left take the kept rows from beyond.
@@ -505,41 +478,15 @@ def _filling_holes(keep: list[int]) -> list[int]:
     return order
 
 
-def _select_rows(cache: Any, rows: list[int], index: Any) -> None:
-    """Keep these rows of the cache, in this order (`index`: `rows` as a tensor on its device)."""
-    from agenttune.engines.lean_decoder import LeanCache
-
-    if isinstance(cache, LeanCache):
-        cache.select(rows, index)
-    else:
-        cache.batch_select_indices(index)
-
-
-def _join_caches(cache: Any, attention: Any, new_cache: Any, new_attention: Any) -> Any:
-    """Append `new_cache`'s rows to `cache` (in place), both left-padded to the longer one; returns the
-    joined attention mask. Padding positions are masked out, so they change no row's attention."""
+def _joined_masks(attention: Any, new_attention: Any) -> Any:
+    """The attention masks of a batch and of the rows joining it, left-padded to the longer one and
+    stacked (the caches are joined the same way: padding positions are masked out)."""
     import torch
     import torch.nn.functional as F
 
-    from agenttune.engines.lean_decoder import LeanCache
-
     width = max(attention.shape[1], new_attention.shape[1])
-    if isinstance(cache, LeanCache):
-        cache.join(new_cache)
-        return torch.cat([F.pad(attention, [width - attention.shape[1], 0]),
-                          F.pad(new_attention, [width - new_attention.shape[1], 0])])
-
-    def padded(tensor: Any, dim_from_end: int) -> Any:
-        missing = width - tensor.shape[-dim_from_end]
-        if not missing:
-            return tensor
-        pad = [0, 0] * (dim_from_end - 1) + [missing, 0]  # F.pad counts dimensions from the last one
-        return F.pad(tensor, pad)
-
-    for layer, new_layer in zip(cache.layers, new_cache.layers, strict=True):
-        layer.keys = torch.cat([padded(layer.keys, 2), padded(new_layer.keys, 2)])
-        layer.values = torch.cat([padded(layer.values, 2), padded(new_layer.values, 2)])
-    return torch.cat([padded(attention, 1), padded(new_attention, 1)])
+    return torch.cat([F.pad(attention, [width - attention.shape[1], 0]),
+                      F.pad(new_attention, [width - new_attention.shape[1], 0])])
 
 
 class _GrowingMask:

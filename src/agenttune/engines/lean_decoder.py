@@ -45,6 +45,8 @@ class LeanCache:
     write, not a copy of the cache; rows leaving or joining copy only the columns in use, once.
     """
 
+    joinable = True  # (the engine asks every cache; transformers' may hold layers that cannot join)
+
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int):
         self.keys, self.values, self.length = keys, values, length
 
@@ -127,6 +129,8 @@ def _stacked(parts: list[tuple[torch.Tensor, int]], width: int) -> torch.Tensor:
 
 class LeanDecoder:
     """Forward passes of a supported model (`supports`), with a `LeanCache`."""
+
+    lean = True
 
     def __init__(self, model: Any):
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model

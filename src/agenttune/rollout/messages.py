@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, dataclass_transform
 
 if TYPE_CHECKING:
     from agenttune.engines.base import Generation, SamplingParams
@@ -72,23 +72,27 @@ def _pickled_by_fields(cls: M) -> M:
     return cls
 
 
+@dataclass_transform(frozen_default=True)
+def message(cls: M) -> M:
+    """A message class: a frozen, slotted dataclass, pickled by its fields."""
+    slotted: Any = dataclass(frozen=True, slots=True)(cls)  # (slots=True makes a new class)
+    return _pickled_by_fields(slotted)
+
+
 # -- worker -> trainer --------------------------------------------------------------------------------
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Ready:
     """The worker's gateway is up: it takes episodes."""
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Failed:
     """The worker could not start; `reason` is the error, as text."""
 
     reason: str
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Generate:
     """An engine call by prompt ids (`InferenceEngine.generate`)."""
 
@@ -98,8 +102,7 @@ class Generate:
     request_id: str | None
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class GenerateChat:
     """An engine call by messages (`InferenceEngine.generate_chat`, engines that take chat)."""
 
@@ -109,16 +112,14 @@ class GenerateChat:
     sampling: SamplingParams
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Abort:
     """The episode stopped waiting for engine call `call`."""
 
     call: int
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Done:
     """Episode `job` ended in the worker.
 
@@ -135,8 +136,7 @@ class Done:
     cleanups: bool
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Ended:
     """Episode `job`'s cleanups ran."""
 
@@ -144,8 +144,7 @@ class Ended:
 
 
 # -- trainer -> worker --------------------------------------------------------------------------------
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Run:
     """Run the workflow for episode `job`."""
 
@@ -155,24 +154,21 @@ class Run:
     sampling: SamplingParams
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Cancel:
     """Cancel episode `job`'s workflow (the worker answers Done once it has unwound)."""
 
     job: int
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class End:
     """Run episode `job`'s cleanups (the worker answers Ended)."""
 
     job: int
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Generated:
     """The answer to engine call `call`: `result`, or `error` (what the engine raised, or its text)."""
 
@@ -181,8 +177,7 @@ class Generated:
     error: Exception | None
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
+@message
 class Stop:
     """The trainer is done with the worker."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agenttune.backbones.local import checkpoint as checkpoints
+import agenttune.backbones.local.checkpoint as checkpoints
 from agenttune.errors import UserError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agenttune.backbones.local import checkpoint as checkpoints
+import agenttune.backbones.local.checkpoint as checkpoints
 from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
 from agenttune.backbones.local.monitor import Trackers
 from agenttune.backbones.local.options import local_options
