@@ -7,8 +7,11 @@
 Both paths run the same model object, the same left-padded prompts (`--prompt-tokens`, 1-in-8 rows
 with 4 padding columns) and then `--steps` greedy decode steps, each fed the previous step's argmax,
 exactly as the engine calls them (`HFEngine._prefill` / `_forward`, mask and positions included).
-Printed per path: the median wall time of a decode step and of the prefill, and the largest logit
-difference between the paths (float32 on CPU: ~1e-6; bf16 on CUDA: rounding). A deep, narrow model
+On CUDA a third path replays the decode steps as CUDA graphs (engines/cuda_graphs.py; its first
+step at each batch size records the graph). Every path is fed the tokens transformers' path chose,
+so the logits compare on the same inputs. Printed per path: the median wall time of a decode step
+and of the prefill, its speed against transformers', and the largest logit difference (float32 on
+CPU: ~1e-6; bf16 on CUDA: rounding). A deep, narrow model
 at one row (`tiny://deep?layers=28&hidden=64...`, `--rows 1`) has almost no arithmetic: its step time
 is the Python and launch overhead per step, which is what bounds a decode loop on a GPU.
 """
@@ -20,7 +23,9 @@ import statistics
 import time
 
 
-def run(engine, prompts, steps: int, device: str) -> tuple[list[float], float, list]:
+def run(engine, prompts, steps: int, device: str, feed: list | None = None) -> tuple[list[float], float, list]:
+    """Prefill `prompts`, then `steps` decode steps fed the argmax of each step's logits, or the
+    tokens of `feed` (another run's logits), so that paths compare on the same inputs."""
     import torch
 
     from agenttune.engines.hf import _GrowingMask
@@ -35,9 +40,9 @@ def run(engine, prompts, steps: int, device: str) -> tuple[list[float], float, l
     synchronize()
     prefill = time.perf_counter() - started
     mask, times, outputs = _GrowingMask(attention), [], [logits]
-    for _ in range(steps):
+    for step in range(steps):
         attention = mask.extend()
-        tokens = logits.argmax(-1)[:, None]
+        tokens = (feed[step] if feed is not None else logits).argmax(-1)[:, None]
         synchronize()
         started = time.perf_counter()
         logits = engine._decoder.forward(tokens, attention, positions, cache)
@@ -78,22 +83,27 @@ def main() -> None:
         length = args.prompt_tokens - (4 if row % 8 == 7 else 0)
         ids = torch.randint(1, vocab, (length,), generator=generator).tolist()
         prompts.append(_Request(ids, SamplingParams(max_tokens=args.steps), None, frozenset(), None))
-    results = {}
+    paths = {"transformers forward": dict(lean_forward=False), "lean forward": dict(cuda_graphs=False)}
+    if args.device == "cuda":
+        paths["lean, CUDA graphs"] = dict(cuda_graphs=True)
+    results: dict = {}
     with torch.inference_mode():
-        for lean in (False, True, False, True):  # interleaved: the second round is the one reported
-            engine = HFEngine(model, tokenizer, lean_forward=lean)
-            if lean and not engine.uses_lean_forward:
-                raise SystemExit(f"{args.model}: the lean forward pass does not support this model")
-            results[lean] = run(engine, prompts, args.steps, args.device)
-    reference, lean = results[False], results[True]
-    difference = max(float((a - b).abs().max()) for a, b in zip(reference[2], lean[2], strict=True))
+        for _ in range(2):  # interleaved: the second round is the one reported
+            for name, options in paths.items():
+                engine = HFEngine(model, tokenizer, max_batch_size=max(args.rows, 1), **options)
+                if name != "transformers forward" and not engine.uses_lean_forward:
+                    raise SystemExit(f"{args.model}: the lean forward pass does not support this model")
+                feed = results["transformers forward"][2] if name != "transformers forward" else None
+                results[name] = run(engine, prompts, args.steps, args.device, feed)
+    reference = results["transformers forward"]
     print(f"{args.model} on {args.device} ({dtype}), {args.rows} rows, {args.prompt_tokens}-token prompts, "
-          f"{args.steps} decode steps")
-    for name, (times, prefill, _) in (("transformers forward", reference), ("lean forward", lean)):
+          f"{args.steps} decode steps (each path fed transformers' greedy tokens)")
+    for name, (times, prefill, outputs) in results.items():
+        difference = max(float((a - b).abs().max()) for a, b in zip(reference[2], outputs, strict=True))
+        scale = max(float(a.abs().max()) for a in reference[2])
         print(f"  {name:>20}: decode step {1000 * statistics.median(times):8.3f} ms (median), "
-              f"prefill {1000 * prefill:8.2f} ms")
-    ratio = statistics.median(reference[0]) / statistics.median(lean[0])
-    print(f"  lean is {ratio:.2f}x as fast per decode step; largest logit difference {difference:.2e}")
+              f"prefill {1000 * prefill:8.2f} ms, {statistics.median(reference[0]) / statistics.median(times):5.2f}x "
+              f"transformers' speed; largest logit difference {difference:.2e} ({difference / scale:.1e} of the range)")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ the batching `hf` engine sharing the trained weights. TRL generates with `model.
 Printed per trainer (the first step is a warm-up and is left out of the averages):
 rollout tokens/s (generated tokens / generation time), training tokens/s (prompt + completion tokens
 / time of the policy update), wall time per step and, on CUDA, peak GPU memory; and the ratio
-agenttune / TRL. `--json PATH` writes them (with `rollout_tokens_per_s_ratio` and
-`wall_time_per_step_ratio`). `--lora R` trains a rank-R LoRA adapter on both sides,
+agenttune / TRL; then each trainer's rollout and update seconds per step, and where agenttune's
+engine spent its rollout (`engine/*` metrics: decode steps, rows per step, ms per step, the share
+replayed as CUDA graphs; on CUDA the allocator's retries per update). `--json PATH` writes them (with `rollout_tokens_per_s_ratio` and
+`wall_time_per_step_ratio`, and `agenttune_engine`). `--lora R` trains a rank-R LoRA adapter on both sides,
 `--gradient-checkpointing` turns it on for both; `--engine KEY=VALUE` sets an option of agenttune's
 `hf` engine (e.g. `--engine lean_forward=false --engine cpu_threads=2`, the engine before the lean
 forward pass and the one-thread decode). Needs `trl`
@@ -101,7 +103,9 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
         "train_s": r["perf/train_time_s"],
         "train_tokens": r["train/tokens"],
         "step_s": r["perf/step_time_s"],
+        "alloc_retries": r.get("perf/cuda_alloc_retries", 0.0),
         "peak_gib": peak,
+        **{key: value for key, value in r.items() if key.startswith("engine/")},
     } for r in records if r["step"] >= 1]
 
 
@@ -148,7 +152,8 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
         output = original_generate(*gen_args, **gen_kwargs)
         prompt = gen_kwargs.get("input_ids", gen_args[0] if gen_args else None)
         completion = output[:, prompt.shape[1]:]
-        finished = (completion == tokenizer.pad_token_id) | torch.isin(completion, torch.tensor(eos_ids))
+        ends = torch.tensor(eos_ids, device=completion.device)
+        finished = (completion == tokenizer.pad_token_id) | torch.isin(completion, ends)
         # generated tokens: up to and including the first end token of each row
         lengths = torch.where(finished.any(1), finished.int().argmax(1) + 1, torch.full_like(finished[:, 0], completion.shape[1], dtype=torch.long))
         prompt_tokens = gen_kwargs["attention_mask"].sum() if "attention_mask" in gen_kwargs else prompt.numel()
@@ -194,6 +199,23 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
 
 
 # -- the table --------------------------------------------------------------------------------------
+def engine_summary(steps: list[dict[str, float]]) -> dict[str, float]:
+    """agenttune's engine over the measured steps: where its rollout time went (`engine/*` metrics)."""
+    measured = steps[1:] or steps
+    total = {key: sum(s.get(key, 0.0) for s in measured) for key in
+             ("engine/decode_steps", "engine/rows_decoded", "engine/decode_s", "engine/graph_steps",
+              "engine/graph_captures", "rollout_s")}
+    decode_steps = total["engine/decode_steps"] or float("nan")
+    return {
+        "decode steps per step": total["engine/decode_steps"] / len(measured),
+        "rows per decode step": total["engine/rows_decoded"] / decode_steps,
+        "ms per decode step": 1000 * total["engine/decode_s"] / decode_steps,
+        "share of decode steps replayed as CUDA graphs": total["engine/graph_steps"] / decode_steps,
+        "CUDA graphs recorded per step": total["engine/graph_captures"] / len(measured),
+        "share of the rollout time in batches": total["engine/decode_s"] / total["rollout_s"],
+    }
+
+
 def summarise(steps: list[dict[str, float]]) -> dict[str, float]:
     measured = steps[1:] or steps  # the first step pays one-off costs (threads, caches)
     return {
@@ -261,8 +283,10 @@ def main() -> None:
     from rich.table import Table
 
     with tempfile.TemporaryDirectory() as tmp:
-        ours = summarise(in_own_process(run_agenttune, args, Path(tmp)))
-        theirs = summarise(in_own_process(run_trl, args, Path(tmp)))
+        our_steps = in_own_process(run_agenttune, args, Path(tmp))
+        ours, engine = summarise(our_steps), engine_summary(our_steps)
+        their_steps = in_own_process(run_trl, args, Path(tmp))
+        theirs = summarise(their_steps)
     table = Table(title=f"GRPO on {args.model}, {args.device}: {args.prompts} prompts x {args.generations} generations, "
                         f"<= {args.max_tokens} new tokens, {args.steps} steps (first left out)")
     for column in ("metric", "agenttune local", "TRL GRPOTrainer", "ratio agenttune/TRL"):
@@ -272,8 +296,16 @@ def main() -> None:
         table.add_row(metric, f"{ours[metric]:,.2f}", f"{theirs[metric]:,.2f}", f"{ratio:.2f}x")
     Console().print(table)
     print("(tokens/s: higher is better; wall time per step: lower is better)")
+    for name, steps in (("agenttune", our_steps), ("TRL", their_steps)):
+        print(f"{name} per step, rollout / training seconds: " +
+              ", ".join(f"{s['rollout_s']:.2f} / {s['train_s']:.2f}" for s in steps))
+    if args.device == "cuda":
+        print("agenttune per step, CUDA allocator retries in the update: " +
+              ", ".join(f"{s['alloc_retries']:.0f}" for s in our_steps))
+    print("agenttune's hf engine: " + ", ".join(f"{name} {value:,.2f}" for name, value in engine.items()))
     if args.json is not None:
-        args.json.write_text(json.dumps(as_json(args, ours, theirs), indent=2, default=str) + "\n")
+        figures = {**as_json(args, ours, theirs), "agenttune_engine": engine}
+        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
 
 

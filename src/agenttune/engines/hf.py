@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +72,11 @@ class HFOptions(BaseModel):
                     "(engines/lean_decoder.py: the model's layers without transformers' per-call "
                     "bookkeeping, a preallocated KV cache). False, or any other model: the "
                     "transformers model's forward.")
+    cuda_graphs: bool = Field(
+        default=True,
+        description="On CUDA, with the lean forward pass: record each decode step as a CUDA graph (one per "
+                    "batch-size bucket) and replay it; the KV cache then lives in one fixed storage of "
+                    "max_batch_size rows (engines/cuda_graphs.py). False: launch every kernel each step.")
     cpu_threads: int | None = Field(
         default=None, gt=0,
         description="On CPU: the intra-op threads of the decode thread. None: when the engine shares its "
@@ -104,7 +110,7 @@ class HFEngine(InferenceEngine):
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 128, max_batch_tokens: int | None = None,
                  max_model_len: int | None = None,
                  batch_wait_ms: float = 2.0, max_batch_wait_ms: float = 50.0, lean_forward: bool = True,
-                 cpu_threads: int | None = None):
+                 cuda_graphs: bool = True, cpu_threads: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -117,9 +123,10 @@ class HFEngine(InferenceEngine):
         self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
         self.joined = 0  # requests that joined a batch already decoding (continuous batching)
         self.prefilled_rows = 0  # prompts run through the model: identical prompts count once
-        # One entry per decode step: (rows decoded, requests in flight = those rows + the ones queued).
-        # Their ratio is the batch occupancy (bench/multiturn_rollout.py).
-        self.decode_steps: list[tuple[int, int]] = []
+        # One entry per recent decode step: (rows decoded, requests in flight = those rows + the ones
+        # queued). Their ratio is the batch occupancy (bench/multiturn_rollout.py). `counters()` sums all.
+        self.decode_steps: deque[tuple[int, int]] = deque(maxlen=1 << 16)
+        self._totals: Counter[str] = Counter()
         # Wall and CPU seconds of the decode thread inside batches: CPU below wall is time it waited
         # (for the GIL the event loop held, or for a core) — bench/multiturn_rollout.py reports it.
         self.decode_wall_s = self.decode_cpu_s = 0.0
@@ -129,7 +136,7 @@ class HFEngine(InferenceEngine):
         self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
         self._executor = _decode_executor(model, cpu_threads)
-        self._decoder = _decoder(model, lean_forward)
+        self._decoder = _decoder(model, lean_forward, cuda_graphs=cuda_graphs, max_rows=max_batch_size)
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
@@ -145,7 +152,7 @@ class HFEngine(InferenceEngine):
         return cls(model, tokenizer, max_batch_size=options.max_batch_size, max_batch_tokens=budget,
                    max_model_len=config.model.max_model_len,
                    batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms,
-                   lean_forward=options.lean_forward, cpu_threads=threads)
+                   lean_forward=options.lean_forward, cuda_graphs=options.cuda_graphs, cpu_threads=threads)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -294,7 +301,7 @@ class HFEngine(InferenceEngine):
         mask = _GrowingMask(attention)
         joinable = cache.joinable
         while True:
-            self.decode_steps.append((len(active), len(active) + len(self._pending)))
+            self._count_step(len(active), len(active) + len(self._pending))
             matchers = [request.matcher for request in active]
             guided = any(matcher is not None for matcher in matchers)
             forced = self.grammars.mask(logits, matchers) if guided else None
@@ -346,6 +353,18 @@ class HFEngine(InferenceEngine):
                 batch += newcomers
                 sampler = self._sampler(active, logits)
                 self.joined += len(newcomers)
+
+    def _count_step(self, rows: int, in_flight: int) -> None:
+        self.decode_steps.append((rows, in_flight))
+        self._totals["decode_steps"] += 1
+        self._totals["rows_decoded"] += rows
+        self._totals["rows_in_flight"] += in_flight
+
+    def counters(self) -> dict[str, float]:
+        return {**self._totals, "decode_s": self.decode_wall_s, "decode_cpu_s": self.decode_cpu_s,
+                "prefilled_rows": self.prefilled_rows, "joined": self.joined,
+                "graph_steps": getattr(self._decoder, "graph_steps", 0),
+                "graph_captures": getattr(self._decoder, "captures", 0)}
 
     @staticmethod
     def _sampler(rows: list[_Request], logits: Any) -> BatchSampler:
@@ -423,10 +442,12 @@ def _copy_weights(source: Any, target: Any) -> None:
         destination.copy_(tensor.detach(), non_blocking=True)
 
 
-def _decoder(model: Any, lean_forward: bool) -> Any:
-    """The engine's own forward pass for this model, or transformers' where the lean one cannot run."""
+def _decoder(model: Any, lean_forward: bool, *, cuda_graphs: bool = False, max_rows: int = 1) -> Any:
+    """The engine's own forward pass for this model (its decode steps as CUDA graphs on a GPU), or
+    transformers' where the lean one cannot run."""
     import torch
 
+    from agenttune.engines.cuda_graphs import GraphedDecoder
     from agenttune.engines.lean_decoder import LeanDecoder
     from agenttune.engines.transformers_decoder import TransformersDecoder
     from agenttune.run import get_logger
@@ -437,7 +458,8 @@ def _decoder(model: Any, lean_forward: bool) -> Any:
         decoder = LeanDecoder(model)
         with torch.inference_mode(), _eval_mode(model):
             if decoder.matches_transformers():
-                return decoder
+                graphs = cuda_graphs and model.device.type == "cuda"
+                return GraphedDecoder(decoder, max_rows) if graphs else decoder
         problem = "does not reproduce this model's logits"
     except Exception as error:  # a variant it cannot even run: transformers' forward will
         problem = f"fails on this model ({type(error).__name__}: {error})"

@@ -91,6 +91,11 @@ def test_a_run_writes_metrics_checkpoints_curves_and_rollouts(tmp_path):
     for record in records[1:]:
         for key in ("reward/mean", "success_rate", "train/samples", "perf/tokens_per_s", "epoch"):
             assert key in record, key
+        # the hf engine's share of the step: every generated token took one decode step of its row
+        generated = record["tokens/generated_total"]
+        assert record["engine/rows_decoded"] == generated > 0 and 0 < record["engine/decode_steps"] <= generated
+        assert 0 < record["engine/occupancy"] <= 1 and record["engine/decode_ms_per_step"] > 0
+        assert record["engine/graph_steps"] == 0  # (CUDA only)
     # A step whose groups all got equal rewards has nothing to train (GRPO advantages are 0).
     trained = [record for record in records[1:] if record["train/samples"] > 0]
     assert len(trained) >= 2, "fewer than two steps had a reward spread: the test task gives too little signal"

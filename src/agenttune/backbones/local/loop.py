@@ -243,7 +243,7 @@ def _every(frequency: int, step: int, last: bool) -> bool:
 
 
 async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:
-    started = time.perf_counter()
+    started, counted = time.perf_counter(), setup.engine.counters()
     tasks = setup.order.next_batch()
     progress.phase(f"rollout: {len(tasks)} tasks x {session.config.rollout.num_repeat}")
     episodes = await session.rollout.run_tasks(tasks)
@@ -254,12 +254,13 @@ async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, st
     metrics.update(setup.trainer.step(episodes))
     await setup.engine.sync_weights(setup.model, step)  # vllm: wakes, loads the new weights, resets its prefix cache
     _add_perf(metrics, started, rollout_s, setup.order.epoch)
+    metrics.update(engine_metrics(counted, setup.engine.counters()))
     return metrics
 
 
 async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:
     """Train on the first complete groups while the next ones roll out; then refresh the rollout weights."""
-    started = time.perf_counter()
+    started, counted = time.perf_counter(), setup.engine.counters()
     progress.phase(f"waiting for {session.config.data.train_batch_size} groups")
     groups, metrics = await setup.pipeline.next_batch()
     waited_s = time.perf_counter() - started
@@ -273,6 +274,7 @@ async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgre
     await setup.engine.sync_weights(setup.model, step)  # lands among requests in flight (partial rollouts)
     setup.pipeline.advance(step)
     _add_perf(metrics, started, waited_s, setup.order.epoch)
+    metrics.update(engine_metrics(counted, setup.engine.counters()))
     return metrics
 
 
@@ -287,6 +289,19 @@ def _add_perf(metrics: dict[str, float], started: float, rollout_s: float, epoch
         "perf/rollout_tokens_per_s": generated / rollout_s if rollout_s else 0.0,
         "perf/tokens_per_s": (generated + metrics.get("train/tokens", 0.0)) / elapsed if elapsed else 0.0,
     })
+
+
+def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The engine's counters (`InferenceEngine.counters`) over one step as `engine/*` metrics, with
+    the `hf` engine's rows per decode step, milliseconds per decode step and batch occupancy."""
+    step = {name: value - before.get(name, 0.0) for name, value in after.items()}
+    metrics = {f"engine/{name}": value for name, value in step.items()}
+    if step.get("decode_steps"):
+        metrics["engine/rows_per_decode_step"] = step["rows_decoded"] / step["decode_steps"]
+        metrics["engine/decode_ms_per_step"] = 1000 * step["decode_s"] / step["decode_steps"]
+    if step.get("rows_in_flight"):
+        metrics["engine/occupancy"] = step["rows_decoded"] / step["rows_in_flight"]
+    return metrics
 
 
 def rollout_model(model: torch.nn.Module, bound: int | None, *, engine_copies: bool = False) -> torch.nn.Module:

@@ -63,7 +63,7 @@ class GRPOTrainer:
     # -- the step ----------------------------------------------------------------------------------
     def step(self, episodes: list[Episode]) -> dict[str, float]:
         """Update the policy on these episodes; return the step's training metrics (`train/...`)."""
-        started = time.perf_counter()
+        started, retries = time.perf_counter(), _allocation_retries(self.device)
         algorithm = self.config.algorithm
         max_prompt_length, max_response_length = self.config.data.length_limits()
         advantages = group_advantages(episodes, norm_by_std=algorithm.norm_adv_by_std)
@@ -96,6 +96,8 @@ class GRPOTrainer:
         elapsed = time.perf_counter() - started
         metrics["perf/train_time_s"] = elapsed
         metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / elapsed if elapsed else 0.0
+        if self.device.type == "cuda":
+            metrics["perf/cuda_alloc_retries"] = float(_allocation_retries(self.device) - retries)
         return metrics
 
     def _update(self, batches: list[Batch]) -> dict[str, float]:
@@ -326,3 +328,13 @@ def _item_metrics(stats: ItemStats, num_items: int) -> dict[str, float]:
     if lengths:  # absent, not 0, on steps without trained samples: curves skip them
         metrics["train/response_length_mean"] = sum(lengths) / len(lengths)
     return metrics
+
+
+def _allocation_retries(device: torch.device) -> int:
+    """How often torch's CUDA allocator found no free block, released its whole cache and asked the
+    driver again: each costs a device synchronisation and fresh allocations. Logged to tell whether
+    an update near the GPU's memory limit paid for that (docs/performance.md: the H100 bench's
+    updates of 0.5 to 3.2 s, cause not yet established)."""
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
