@@ -157,7 +157,7 @@ def test_replaced_weights_drop_the_graphs_and_updates_in_place_keep_them():
         pair = Pair(model, [[5, 6, 7], [8, 9]])
         pair.step()
     graphed = pair.graphed
-    graphed.graphs[2] = ("a graph", None)  # what a capture would have left (CPU records none)
+    graphed.graphs[2] = "a graph"  # what a capture would have left (CPU records none)
 
     def next_batch():
         with torch.inference_mode():

@@ -97,7 +97,8 @@ class GraphedDecoder:
         self.max_rows = max_rows
         self.capture = capture
         self.storage: StaticKV | None = None
-        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # row bucket -> (graph, its logits)
+        self.graphs: dict[int, Any] = {}  # row bucket -> its recorded step (a torch.cuda.CUDAGraph)
+        self.output: torch.Tensor | None = None  # every graph's logits, (max_rows, vocabulary) float32
         self.pool: Any = None
         self.weights: tuple[int, ...] = ()
         self.graph_steps = 0  # decode steps run on the storage (replayed, when capturing)
@@ -128,7 +129,7 @@ class GraphedDecoder:
             return self.decoder.forward(input_ids, attention, positions, cache)
         cache.advance(1)
         self.graph_steps += 1
-        return logits[:rows].clone()  # the graph's output is overwritten by its next replay
+        return logits[:rows].clone()  # the graphs' output is overwritten by the next replay
 
     def _give_up(self, error: Exception) -> None:
         """After a failed capture: the lean pass from now on. The step is then run by it; the
@@ -188,17 +189,19 @@ class GraphedDecoder:
         return self.decoder.run(storage.tokens[:rows], storage.positions[:rows], attend)
 
     def _replay(self, rows: int) -> torch.Tensor:
-        recorded = self.graphs.get(rows)
-        if recorded is None:
-            recorded = self.graphs[rows] = self._record(rows)
-        graph, logits = recorded
+        graph = self.graphs.get(rows)
+        if graph is None:
+            graph = self.graphs[rows] = self._record(rows)
         graph.replay()
-        return logits
+        assert self.output is not None  # (_record made it)
+        return self.output
 
-    def _record(self, rows: int) -> tuple[Any, torch.Tensor]:
-        """Capture the step of `rows` rows. The warm-up run outside the capture does the step's
-        one-time work (cuBLAS handles, kernel choices); with the inputs already in place it writes
-        the same keys and values the replay then writes again.
+    def _record(self, rows: int) -> Any:
+        """Capture the step of `rows` rows, its logits copied into `self.output` (one buffer for
+        every graph: a graph's own output would stay allocated, (rows, vocabulary) floats each).
+        The warm-up run outside the capture does the step's one-time work (cuBLAS handles, kernel
+        choices); with the inputs already in place it writes the same keys and values the replay
+        then writes again.
 
         `torch.cuda.graph` would also empty torch's cache of free GPU memory before each capture:
         the trainer that shares this GPU would then allocate its activations afresh at its next
@@ -210,19 +213,21 @@ class GraphedDecoder:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            self._step(rows)
+            vocabulary = self._step(rows).shape[-1]
         torch.cuda.synchronize(device)
+        if self.output is None:
+            self.output = torch.empty((self.max_rows, vocabulary), dtype=torch.float32, device=device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
             # thread_local: the trainer's thread may use the GPU meanwhile (asynchronous training)
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
-                logits = self._step(rows)
+                self.output[:rows].copy_(self._step(rows))
             finally:
                 graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(side)
         self.captures += 1
-        return graph, logits
+        return graph
 
 
 def free_memory(device: torch.device) -> float:
