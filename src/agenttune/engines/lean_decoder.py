@@ -165,10 +165,11 @@ class LeanDecoder:
         """Whether a short prompt and one decode step give transformers' logits here (float32 noise;
         10 % of the logits' range in 16-bit types). Call under `torch.inference_mode()`, in eval mode.
 
-        16-bit rounding differs between the two passes (one fused RMSNorm against transformers' two
-        steps) and grows with depth: a random-weight 28-layer 1.3 B model in bf16 differs by 1.95 %
-        of its logits' range on CPU. A variant this module does not know (a missing or extra
-        operation) moves the logits by a sizeable part of their range, so 10 % still catches it."""
+        16-bit rounding differs between the two passes (the fused RMSNorm, other attention kernels)
+        and grows with depth: a random-weight 28-layer 1.3 B model in bf16 differs by 1.95 % of its
+        logits' range here on CPU, and by up to 2.9 % over 64 decode steps of 128 rows on an H100
+        (bench/decode_step.py). A variant this module does not know (a missing or extra operation)
+        moves the logits by a sizeable part of their range, so 10 % still catches it."""
         device = self.body.embed_tokens.weight.device
         vocab = self.body.embed_tokens.num_embeddings
         ids = (1 + torch.arange(6, device=device)[None] * (vocab // 7)) % vocab  # six different tokens
