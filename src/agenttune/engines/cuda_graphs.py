@@ -208,6 +208,10 @@ class GraphedDecoder:
         step. So the capture is begun and ended here, without that."""
         assert self.storage is not None
         device = self.storage.keys[0].device
+        with torch.cuda.device(device):  # (the model may sit on another GPU than the current one)
+            return self._record_on(device, rows)
+
+    def _record_on(self, device: torch.device, rows: int) -> Any:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)
