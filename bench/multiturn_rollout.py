@@ -51,6 +51,7 @@ class NoJudge(Judge):
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
+    from agenttune.backbones.local.loop import engine_metrics
     from agenttune.engines.hf import HFEngine
     from agenttune.model_loading import load_model, load_tokenizer
 
@@ -65,23 +66,21 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     async with running_gateway(engine, tokenizer=tokenizer, config=config) as gateway:
         rollout = RolloutEngine(config, gateway, FourTurns, NoJudge())
         await rollout.run_tasks(tasks[: min(8, len(tasks))])  # warm-up: threads, caches
-        engine.decode_steps.clear()
-        engine.decode_wall_s = engine.decode_cpu_s = 0.0
+        counted = engine.counters()
         started, loop_cpu = time.perf_counter(), time.thread_time()
         episodes = await rollout.run_tasks(tasks)
         elapsed, loop_cpu = time.perf_counter() - started, time.thread_time() - loop_cpu
+        run = engine_metrics(counted, engine.counters())  # what the local backbone logs per step
     await engine.aclose()
     generated = sum(episode.metrics.get("generated_tokens", 0.0) for episode in episodes)
-    rows = sum(step[0] for step in engine.decode_steps)
-    in_flight = sum(step[1] for step in engine.decode_steps)
     return {"episodes": len(episodes), "failed": sum(e.status.failed for e in episodes),
             "calls": sum(e.metrics.get("calls", 0.0) for e in episodes), "seconds": elapsed,
-            "tokens/s": generated / elapsed, "decode steps": len(engine.decode_steps),
-            "mean rows per step": rows / max(len(engine.decode_steps), 1), "occupancy": rows / max(in_flight, 1),
-            "ms per decode step": 1000 * engine.decode_wall_s / max(len(engine.decode_steps), 1),
+            "tokens/s": generated / elapsed, "decode steps": run["engine/decode_steps"],
+            "mean rows per step": run["engine/rows_per_decode_step"], "occupancy": run["engine/occupancy"],
+            "ms per decode step": run["engine/decode_ms_per_step"],
             # The GIL question: how much of its time in batches the decode thread ran, and how busy the
             # event loop (gateway, clients, workflows) kept the other core.
-            "decode thread on CPU": engine.decode_cpu_s / max(engine.decode_wall_s, 1e-9),
+            "decode thread on CPU": run["engine/decode_cpu_s"] / max(run["engine/decode_s"], 1e-9),
             "event loop on CPU": loop_cpu / elapsed}
 
 

@@ -1,7 +1,8 @@
 """The `hf` engine's CUDA-graph decode steps (engines/cuda_graphs.py).
 
-On CPU the fixed-storage step runs unrecorded (`capture=False`): the same kernels a graph would
-replay, on the same storage, padding rows and full-width masked attention. It must give the lean
+On CPU the fixed-storage step runs unrecorded (`capture=False`): the step a graph would replay, on
+the same storage, padding rows and full-width masked attention (grouped heads through torch's
+grouped kernel; the CUDA arrangement is checked against it below). It must give the lean
 pass's logits through row departures, reorders, joins and a wider storage, and leave the engine's
 generations unchanged. The tests marked `cuda` capture and replay real graphs; they run only
 where a GPU is (`python -m pytest tests/engines/test_cuda_graphs.py` on the GPU machine)."""

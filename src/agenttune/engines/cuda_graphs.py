@@ -17,14 +17,15 @@ A graph replays fixed kernels on fixed memory, so the step it records is written
 - Rows are padded up to a bucket (1, 2, 4, 8, then multiples of 16); padding rows compute on what
   their storage rows hold and their logits are dropped. Every mask row keeps at least one attended
   column, so no row ever makes NaN (a NaN key or value would poison later steps even masked: 0 x NaN).
-- Queries of grouped heads attend as (rows, kv_heads, group, dim) (`grouped_decode_attention`).
+- Queries of grouped heads attend as (rows, kv_heads, group, dim) on CUDA
+  (`lean_decoder.grouped_decode_attention`, through `attention_output`).
 
 One graph per row bucket is captured when first needed and kept; a new storage, or parameters
 that are no longer the tensors the graphs read (a model reloaded, an adapter added: optimizer steps
 and `update_weights` write in place and keep them), drop the graphs. A storage that would take
 more than a quarter of the free GPU memory is not made: such steps run the lean pass unrecorded.
-Without CUDA the same fixed-storage step runs unrecorded (`capture=False`): that is what the
-tests on CPU check against the lean pass.
+Without CUDA the same fixed-storage step runs unrecorded (`capture=False`; grouped heads then
+take torch's grouped kernel): that is what the tests on CPU check against the lean pass.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agenttune.engines.lean_decoder import LeanCache, LeanDecoder, grouped_decode_attention
+from agenttune.engines.lean_decoder import LeanCache, LeanDecoder, attention_output
 
 STORAGE_MEMORY_SHARE = 0.25  # the most of the free GPU memory a KV storage may take
 MIN_COLUMNS = 256
@@ -184,7 +185,7 @@ class GraphedDecoder:
             stored_keys, stored_values = storage.keys[layer][:rows], storage.values[layer][:rows]
             stored_keys.index_copy_(2, column, keys)
             stored_values.index_copy_(2, column, values)
-            return _decode_attention(queries, stored_keys, stored_values, mask, self.decoder.scaling)
+            return attention_output(queries, stored_keys, stored_values, mask, self.decoder.scaling)
 
         return self.decoder.run(storage.tokens[:rows], storage.positions[:rows], attend)
 
@@ -240,10 +241,3 @@ def free_memory(device: torch.device) -> float:
         return float("inf")
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-
-
-def _decode_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                     scaling: float) -> torch.Tensor:
-    if queries.shape[1] != keys.shape[1]:
-        return grouped_decode_attention(queries, keys, values, mask, scaling)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
