@@ -82,7 +82,7 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
         "task_reader": {"type": "file", "path": str(data)},
         "model": {"path": args.model},
         "rollout": {"num_repeat": args.generations, "max_env_worker": args.prompts * args.generations,
-                    "temperature": 1.0, "max_response_length_in_one_turn": args.max_tokens},
+                    "temperature": 1.0, "max_response_length_in_one_turn": args.max_tokens, **args.rollout},
         "data": {"train_batch_size": args.prompts, "shuffle": False},
         "algorithm": {"kl_coef": 0.0, "loss_agg_mode": "token-mean"},
         "trainer": {"total_steps": args.steps, "learning_rate": 1e-5, "save_freq": args.steps, "seed": 0},
@@ -277,8 +277,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the figures and ratios here")
     parser.add_argument("--engine", type=engine_option, action="append", default=[], metavar="KEY=VALUE",
                         help="an option of agenttune's hf engine (repeatable), e.g. lean_forward=false")
+    parser.add_argument("--rollout", type=engine_option, action="append", default=[], metavar="KEY=VALUE",
+                        help="a rollout option of agenttune's (repeatable), e.g. workflow_processes=2")
     args = parser.parse_args()
-    args.engine = dict(args.engine)
+    args.engine, args.rollout = dict(args.engine), dict(args.rollout)
     from rich.console import Console
     from rich.table import Table
 

@@ -225,3 +225,29 @@ def test_repeated_key_value_heads_attend_as_grouped_ones():
     grouped = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=True)
     repeated = F.scaled_dot_product_attention(queries, _repeat_heads(keys, 8), _repeat_heads(values, 8), attn_mask=mask)
     assert torch.allclose(grouped, repeated, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4)])
+def test_cpu_decode_attention_equals_torchs_attention(heads, kv_heads):
+    """A CPU decode step attends through two batched products (`_cpu_decode_attention`); grouped and
+    plain heads, left padding and a strided key/value view (the cache's used columns) as in the pass."""
+    import torch
+    import torch.nn.functional as F
+
+    from agenttune.engines.lean_decoder import attention_output
+
+    torch.manual_seed(0)
+    queries = torch.randn(3, heads, 1, 16)
+    storage = torch.randn(2, 3, kv_heads, 24, 16)  # 24 columns, 10 of them used
+    keys, values = storage[0, :, :, :10], storage[1, :, :, :10]
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., :4] = False
+    mask[2, ..., 5:9] = False
+    expected = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=0.25,
+                                              enable_gqa=heads != kv_heads)
+    output = attention_output(queries, keys, values, mask, 0.25)
+    assert output.shape == expected.shape
+    assert torch.allclose(output, expected, atol=1e-6)
+    # A masked column holding a huge value must not leak in.
+    keys[0, :, 0] = 1e4
+    assert torch.allclose(attention_output(queries, keys, values, mask, 0.25)[0], expected[0], atol=1e-6)

@@ -241,6 +241,8 @@ def attention_output(queries: torch.Tensor, keys: torch.Tensor, values: torch.Te
                      scaling: float) -> torch.Tensor:
     """softmax(QK^T * scaling + mask) V, (rows, heads, new, head_dim), for grouped or plain heads."""
     heads, kv_heads = queries.shape[1], keys.shape[1]
+    if queries.device.type == "cpu" and queries.shape[2] == 1:
+        return _cpu_decode_attention(queries, keys, values, mask, scaling)
     if heads == kv_heads:
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
     if queries.device.type == "cpu":
@@ -253,6 +255,23 @@ def attention_output(queries: torch.Tensor, keys: torch.Tensor, values: torch.Te
     # to its math kernel), so they are repeated, as transformers does.
     return F.scaled_dot_product_attention(queries, _repeat_heads(keys, heads), _repeat_heads(values, heads),
                                           attn_mask=mask, scale=scaling)
+
+
+def _cpu_decode_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                          scaling: float) -> torch.Tensor:
+    """Attention of one new token per row on CPU, as two batched matrix products around a softmax.
+
+    Each (row, key/value head) is one small product of its `group` query heads against its keys.
+    torch's CPU attention kernels cost more than the arithmetic at these sizes; this path was 3-8 %
+    faster per decode step of the whole model (tiny://default, one thread: 16 rows x 20-token
+    prompts 1.10 ms against 1.20; 64 rows 2.54 against 2.73; 128 rows x 200 tokens 11.3 against 11.6)."""
+    rows, heads, _, dim = queries.shape
+    kv_heads, columns = keys.shape[1], keys.shape[2]
+    grouped = queries.reshape(rows * kv_heads, heads // kv_heads, dim)
+    scores = torch.bmm(grouped, keys.reshape(rows * kv_heads, columns, dim).transpose(1, 2))
+    scores = scores.view(rows, kv_heads, -1, columns).mul_(scaling).masked_fill_(~mask, float("-inf"))
+    weights = scores.softmax(-1).view(rows * kv_heads, -1, columns)
+    return torch.bmm(weights, values.reshape(rows * kv_heads, columns, dim)).view(rows, heads, 1, dim)
 
 
 def grouped_decode_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
