@@ -22,7 +22,8 @@ replayed as CUDA graphs; on CUDA the allocator's retries per update). `--json PA
 `wall_time_per_step_ratio`, and `agenttune_engine`). `--lora R` trains a rank-R LoRA adapter on both sides,
 `--gradient-checkpointing` turns it on for both; `--engine KEY=VALUE` sets an option of agenttune's
 `hf` engine (e.g. `--engine lean_forward=false --engine cpu_threads=2`, the engine before the lean
-forward pass and the one-thread decode). Needs `trl`
+forward pass and the one-thread decode); `--rollout KEY=VALUE` sets a rollout option (e.g.
+`--rollout workflow_processes=2`: the workflows' SDK calls and the gateway in two worker processes). Needs `trl`
 (`pip install 'agenttune[bench]'`). Other processes on the machine skew both sides alike; run it on a
 quiet machine for numbers worth quoting.
 """
