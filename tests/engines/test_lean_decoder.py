@@ -229,7 +229,7 @@ def test_repeated_key_value_heads_attend_as_grouped_ones():
 
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4)])
 def test_cpu_decode_attention_equals_torchs_attention(heads, kv_heads):
-    """A CPU decode step attends through two batched products (`_cpu_decode_attention`); grouped and
+    """A CPU decode step attends through two batched products (`grouped_decode_attention`); grouped and
     plain heads, left padding and a strided key/value view (the cache's used columns) as in the pass."""
     import torch
     import torch.nn.functional as F

@@ -17,15 +17,15 @@ A graph replays fixed kernels on fixed memory, so the step it records is written
 - Rows are padded up to a bucket (1, 2, 4, 8, then multiples of 16); padding rows compute on what
   their storage rows hold and their logits are dropped. Every mask row keeps at least one attended
   column, so no row ever makes NaN (a NaN key or value would poison later steps even masked: 0 x NaN).
-- Queries of grouped heads attend as (rows, kv_heads, group, dim) on CUDA
+- Queries of grouped heads attend as (rows, kv_heads, group, dim)
   (`lean_decoder.grouped_decode_attention`, through `attention_output`).
 
 One graph per row bucket is captured when first needed and kept; a new storage, or parameters
 that are no longer the tensors the graphs read (a model reloaded, an adapter added: optimizer steps
 and `update_weights` write in place and keep them), drop the graphs. A storage that would take
 more than a quarter of the free GPU memory is not made: such steps run the lean pass unrecorded.
-Without CUDA the same fixed-storage step runs unrecorded (`capture=False`; grouped heads then
-take torch's grouped kernel): that is what the tests on CPU check against the lean pass.
+Without CUDA the same fixed-storage step runs unrecorded (`capture=False`; the attention then
+takes the CPU's batched products): that is what the tests on CPU check against the lean pass.
 """
 
 from __future__ import annotations

@@ -241,52 +241,45 @@ def attention_output(queries: torch.Tensor, keys: torch.Tensor, values: torch.Te
                      scaling: float) -> torch.Tensor:
     """softmax(QK^T * scaling + mask) V, (rows, heads, new, head_dim), for grouped or plain heads."""
     heads, kv_heads = queries.shape[1], keys.shape[1]
-    if queries.device.type == "cpu" and queries.shape[2] == 1:
-        return _cpu_decode_attention(queries, keys, values, mask, scaling)
+    if queries.shape[2] == 1:
+        return grouped_decode_attention(queries, keys, values, mask, scaling)
     if heads == kv_heads:
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
     if queries.device.type == "cpu":
         # The grouped kernel: faster on CPU than repeated heads (bench/decode_step.py, 128 rows x 200
         # tokens: 5.4 ms a step against 9.0 repeated).
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling, enable_gqa=True)
-    if queries.shape[2] == 1:
-        return grouped_decode_attention(queries, keys, values, mask, scaling)
     # A prefill on CUDA: with a mask, its fused kernels take no grouped heads (torch would fall back
     # to its math kernel), so they are repeated, as transformers does.
     return F.scaled_dot_product_attention(queries, _repeat_heads(keys, heads), _repeat_heads(values, heads),
                                           attn_mask=mask, scale=scaling)
 
 
-def _cpu_decode_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                          scaling: float) -> torch.Tensor:
-    """Attention of one new token per row on CPU, as two batched matrix products around a softmax.
-
-    Each (row, key/value head) is one small product of its `group` query heads against its keys.
-    torch's CPU attention kernels cost more than the arithmetic at these sizes; this path was 3-8 %
-    faster per decode step of the whole model (tiny://default, one thread: 16 rows x 20-token
-    prompts 1.10 ms against 1.20; 64 rows 2.54 against 2.73; 128 rows x 200 tokens 11.3 against 11.6)."""
-    rows, heads, _, dim = queries.shape
-    kv_heads, columns = keys.shape[1], keys.shape[2]
-    grouped = queries.reshape(rows * kv_heads, heads // kv_heads, dim)
-    scores = torch.bmm(grouped, keys.reshape(rows * kv_heads, columns, dim).transpose(1, 2))
-    scores = scores.view(rows, kv_heads, -1, columns).mul_(scaling).masked_fill_(~mask, float("-inf"))
-    weights = scores.softmax(-1).view(rows * kv_heads, -1, columns)
-    return torch.bmm(weights, values.reshape(rows * kv_heads, columns, dim)).view(rows, heads, 1, dim)
-
-
 def grouped_decode_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                              scaling: float) -> torch.Tensor:
-    """Attention of one new token per row with grouped key/value heads, without repeating them.
+    """Attention of one new token per row, grouped or plain heads, without repeating key/value heads.
 
     Query head h reads key/value head h // group (transformers' `repeat_kv` order). With one query
     position, a group's query heads can stand as `group` query positions of their key/value head:
     (rows, kv_heads, group, dim) against (rows, kv_heads, columns, dim), the mask (rows, 1, 1,
     columns) the same for all of them. Exact, and the keys and values are read once instead of being
-    copied `group` times (CUDA's fused kernels take no grouped heads beside a mask)."""
+    copied `group` times (CUDA's fused kernels take no grouped heads beside a mask).
+
+    On CPU the products are two batched matrix multiplications around a softmax: torch's CPU
+    attention kernels cost more than the arithmetic at these sizes, and a whole decode step was 3-8 %
+    faster this way (tiny://default, one thread: 16 rows x 20-token prompts 1.10 ms against 1.20;
+    64 rows 2.54 against 2.73; 128 rows x 200 tokens 11.3 against 11.6)."""
     rows, heads, _, dim = queries.shape
-    grouped = queries.reshape(rows, keys.shape[1], heads // keys.shape[1], dim)
-    output = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scaling)
-    return output.reshape(rows, heads, 1, dim)
+    kv_heads, columns = keys.shape[1], keys.shape[2]
+    grouped = queries.reshape(rows, kv_heads, heads // kv_heads, dim)
+    if queries.device.type != "cpu":
+        output = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scaling)
+        return output.reshape(rows, heads, 1, dim)
+    flat = rows * kv_heads  # one small product per (row, key/value head)
+    scores = torch.bmm(grouped.reshape(flat, -1, dim), keys.reshape(flat, columns, dim).transpose(1, 2))
+    scores = scores.view(rows, kv_heads, -1, columns).mul_(scaling).masked_fill_(~mask, float("-inf"))
+    weights = scores.softmax(-1).view(flat, -1, columns)
+    return torch.bmm(weights, values.reshape(flat, columns, dim)).view(rows, heads, 1, dim)
 
 
 # A module call costs several microseconds of hooks and dispatch before its first operation; a decode
