@@ -39,7 +39,8 @@ async def test_greedy_matches_transformers_generate_alone_and_in_a_padded_batch(
     engine = HFEngine(tiny_model, tiny_tokenizer)
     greedy = SamplingParams(temperature=0, max_tokens=12)
     batched = await asyncio.gather(*[engine.generate(ids(tiny_tokenizer, p), greedy) for p in prompts])
-    assert engine.batch_sizes == [len(prompts)]  # one left-padded batch of different lengths
+    assert list(engine.batch_sizes) == [len(prompts)]  # one left-padded batch of different lengths
+    assert engine.counters()["batches"] == 1
     for prompt, generation in zip(prompts, batched, strict=True):
         prompt_ids = ids(tiny_tokenizer, prompt)
         reference = tiny_model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=False,
@@ -110,7 +111,7 @@ async def test_requests_arriving_during_a_batch_join_it(tiny_model, tiny_tokeniz
     results = await asyncio.gather(*first, *later)
     assert all(len(result.token_ids) >= 1 for result in results)
     assert engine.batch_sizes[0] == 10 and engine.joined >= 6
-    assert sum(engine.batch_sizes) + engine.joined == 40
+    assert sum(engine.batch_sizes) + engine.joined == 40 and engine.counters()["batches"] == len(engine.batch_sizes)
     # decode_steps (rows decoded, requests in flight): the batch filled up to its cap while requests waited
     assert engine.decode_steps[0][0] == 10 and max(rows for rows, _ in engine.decode_steps) == 16
     assert all(rows <= min(in_flight, 16) for rows, in_flight in engine.decode_steps)
@@ -213,7 +214,7 @@ async def test_requests_trickling_in_together_share_one_batch(tiny_model, tiny_t
 
     patient = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=25, max_batch_wait_ms=1000)
     await trickle(patient)
-    assert patient.batch_sizes == [12]
+    assert list(patient.batch_sizes) == [12]
     eager = HFEngine(tiny_model, tiny_tokenizer, batch_wait_ms=0)
     await trickle(eager)
     assert eager.batch_sizes[0] < 12 and sum(eager.batch_sizes) + eager.joined == 12

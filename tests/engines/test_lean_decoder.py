@@ -198,7 +198,7 @@ async def test_shared_prompts_are_prefilled_once_and_sample_independently(tiny_m
     seeded = [SamplingParams(temperature=1.0, max_tokens=10, seed=seed) for seed in (1, 2, 3, 4)]
     engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean_forward)
     together = await asyncio.gather(*[engine.generate(prompt, sampling) for sampling in seeded])
-    assert engine.batch_sizes == [4]
+    assert list(engine.batch_sizes) == [4]
     assert engine.prefilled_rows == 1
     await engine.aclose()
     for sampling, generation in zip(seeded, together, strict=True):

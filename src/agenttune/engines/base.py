@@ -144,7 +144,7 @@ class InferenceEngine(Component):
     def counters(self) -> dict[str, float]:
         """Running totals since the engine started, for monitoring: the local backbone logs each
         step's share as `engine/*` metrics (docs/local.md). Engines that count nothing return {}.
-        `hf`: decode_steps, rows_decoded, rows_in_flight, decode_s, decode_cpu_s, prefilled_rows,
+        `hf`: batches, decode_steps, rows_decoded, rows_in_flight, decode_s, decode_cpu_s, prefilled_rows,
         joined, graph_steps, graph_captures."""
         return {}
 

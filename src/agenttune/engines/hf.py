@@ -120,7 +120,8 @@ class HFEngine(InferenceEngine):
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos_ids = stop_token_set((), eos, tokenizer.eos_token_id)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
-        self.batch_sizes: list[int] = []  # one entry per batch run: how well requests were batched
+        # One entry per recent batch run (how well requests were batched); `counters()` counts them all.
+        self.batch_sizes: deque[int] = deque(maxlen=1 << 16)
         self.joined = 0  # requests that joined a batch already decoding (continuous batching)
         self.prefilled_rows = 0  # prompts run through the model: identical prompts count once
         # One entry per recent decode step: (rows decoded, requests in flight = those rows + the ones
@@ -225,6 +226,7 @@ class HFEngine(InferenceEngine):
                 if not batch:
                     continue
                 self.batch_sizes.append(len(batch))
+                self._totals["batches"] += 1
                 try:
                     await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
                 except Exception as error:  # a failed batch fails its requests, not the engine
