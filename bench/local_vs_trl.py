@@ -83,19 +83,21 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
         "task_reader": {"type": "file", "path": str(data)},
         "model": {"path": args.model},
         "rollout": {"num_repeat": args.generations, "max_env_worker": args.prompts * args.generations,
-                    "temperature": 1.0, "max_response_length_in_one_turn": args.max_tokens, **args.rollout},
+                    "temperature": 1.0, "max_response_length_in_one_turn": args.max_tokens},
         "data": {"train_batch_size": args.prompts, "shuffle": False},
         "algorithm": {"kl_coef": 0.0, "loss_agg_mode": "token-mean"},
         "trainer": {"total_steps": args.steps, "learning_rate": 1e-5, "save_freq": args.steps, "seed": 0},
         "local": {"device": args.device, "micro_batch_tokens": 1 << 20, "plot": False, "lora_rank": args.lora,
                   "gradient_checkpointing": args.gradient_checkpointing},
         "monitor": {"tensorboard": False},
-        "engine": {"type": "hf", **args.engine},
+        "engine": {"type": "hf"},
     }
     _reset_peak_memory(args.device)
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
-    run = train_from_config(load_config(path, [], backbone="local"), run_dir=workdir / "agenttune-run")
+    # --engine and --rollout as the CLI's `key.path=value` overrides (parsed and checked by config_loader)
+    overrides = [f"engine.{option}" for option in args.engine] + [f"rollout.{option}" for option in args.rollout]
+    run = train_from_config(load_config(path, overrides, backbone="local"), run_dir=workdir / "agenttune-run")
     records = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     peak = _peak_memory_gib(args.device)
     return [{
@@ -256,15 +258,6 @@ def in_own_process(trainer, args: argparse.Namespace, workdir: Path) -> list[dic
         return process.submit(trainer, args, workdir).result()
 
 
-def engine_option(text: str) -> tuple[str, object]:
-    import yaml
-
-    key, separator, value = text.partition("=")
-    if not separator:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. lean_forward=false")
-    return key, yaml.safe_load(value)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
@@ -276,12 +269,19 @@ def main() -> None:
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="write the figures and ratios here")
-    parser.add_argument("--engine", type=engine_option, action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of agenttune's hf engine (repeatable), e.g. lean_forward=false")
-    parser.add_argument("--rollout", type=engine_option, action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--rollout", action="append", default=[], metavar="KEY=VALUE",
                         help="a rollout option of agenttune's (repeatable), e.g. workflow_processes=2")
     args = parser.parse_args()
-    args.engine, args.rollout = dict(args.engine), dict(args.rollout)
+    from agenttune.config_loader import parse_override
+    from agenttune.errors import UserError
+
+    for option in args.engine + args.rollout:
+        try:
+            parse_override(option)
+        except UserError as error:
+            parser.error(str(error))
     from rich.console import Console
     from rich.table import Table
 
