@@ -37,14 +37,14 @@ def install_core(session: nox.Session, *extras: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The core: plugin system, config, CLI, gateway, rollouts, the debug and local backbones."""
-    install_core(session, "local")
+    install_core(session, "local", "guided")  # guided: the hf engine's tool_choice/response_format tests
     session.run("pytest", "tests", *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)
 def fast(session: nox.Session) -> None:
     """The core's quick tests: not `slow` (end-to-end runs, worker processes, fuzzing, installs), not `browser`."""
-    install_core(session, "local")
+    install_core(session, "local", "guided")
     session.install("pytest-xdist>=3.5")
     session.run("pytest", "tests", "-m", "not slow and not browser", "-n", "2", *session.posargs)
 

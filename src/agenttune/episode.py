@@ -6,7 +6,8 @@ viewer reads. Change them only in backward-compatible ways (new fields with defa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -60,6 +61,11 @@ class Sample(BaseModel):
         default=None, description="Aligned with `response_ids`: the policy version (optimizer updates) that "
                                   "sampled each generated token, -1 for context tokens. None: the engine does "
                                   "not track versions.")
+    call_spans: list[tuple[int, int]] | None = Field(
+        default=None, description="Where each LLM call's reply lies in `response_ids` (start, end), as the "
+                                  "gateway recorded the calls: grammar-forced tokens inside a reply (loss mask 0) "
+                                  "do not split it. None: a sample recorded without them (agenttune < 0.2); "
+                                  "the runs of loss mask 1 stand in for the calls.")
 
     def model_post_init(self, _context: Any) -> None:
         n = len(self.response_ids)
@@ -70,6 +76,16 @@ class Sample(BaseModel):
             )
         if self.policy_versions is not None and len(self.policy_versions) != n:
             raise ValueError(f"sample is misaligned: {n} response ids, {len(self.policy_versions)} policy versions")
+        if self.call_spans is not None:
+            ends = [0] + [position for span in self.call_spans for position in span] + [n]
+            if len(self.call_spans) != self.num_calls or ends != sorted(ends):
+                raise ValueError(f"sample has {self.num_calls} calls but call spans {self.call_spans} "
+                                 f"(in order, within its {n} response ids, one per call)")
+
+    @property
+    def calls(self) -> list[tuple[int, int]]:
+        """(start, end) of each call's reply in `response_ids`: the gateway's record of the calls."""
+        return self.call_spans if self.call_spans is not None else _generated_runs(self.loss_mask)
 
     @property
     def oldest_version(self) -> int | None:
@@ -81,11 +97,14 @@ class Sample(BaseModel):
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
 
-    def part(self, start: int, end: int, num_calls: int) -> Sample:
-        """The calls in `response_ids[start:end]` as a sample of their own: what came before is its prompt."""
+    def part(self, start: int, end: int) -> Sample:
+        """The calls in `response_ids[start:end]` (whole calls: it starts at one's start and ends at one's
+        end) as a sample of their own: what came before is its prompt."""
+        spans = [(first - start, last - start) for first, last in self.calls if start <= first and last <= end]
         return self.model_copy(update={
             "prompt_ids": self.prompt_ids + self.response_ids[:start], "response_ids": self.response_ids[start:end],
-            "loss_mask": self.loss_mask[start:end], "logprobs": self.logprobs[start:end], "num_calls": num_calls,
+            "loss_mask": self.loss_mask[start:end], "logprobs": self.logprobs[start:end], "num_calls": len(spans),
+            "call_spans": spans,
             "policy_versions": None if self.policy_versions is None else self.policy_versions[start:end]})
 
 
@@ -95,9 +114,14 @@ class Fitted:
 
     parts: list[Sample]
     split: int = 0  # samples longer than the limits, cut at call boundaries (0 or 1 for one sample)
-    dropped_calls: int = 0  # calls that fit in no part (their prompt or their reply alone is too long)
-    reason: str | None = None  # why calls were dropped: prompt_too_long or call_too_long
+    # Calls that fit in no part, by reason, each counted under its own: prompt_too_long (the prompt
+    # up to the call is over the limit) or call_too_long (the call's own reply is).
+    dropped: Counter[str] = field(default_factory=Counter)
     dropped_tokens: int = 0  # generated tokens in dropped calls (fit_all counts them)
+
+    @property
+    def dropped_calls(self) -> int:
+        return sum(self.dropped.values())
 
 
 def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: int) -> Fitted:
@@ -106,28 +130,28 @@ def fit_to_limits(sample: Sample, max_prompt_length: int, max_response_length: i
     Each part keeps its own full prompt (the first prompt plus everything before its first call), so
     a part is exactly what the engine saw when it generated those calls. Calls whose prompt is longer
     than `max_prompt_length`, or whose own reply is longer than `max_response_length`, fit in no part
-    and are dropped (counted by reason). Calls are the runs of generated tokens (loss mask 1).
+    and are dropped, each counted under its reason. The calls are the gateway's record of them
+    (`Sample.calls`), never the runs of the loss mask: a guided reply has untrained (grammar-forced)
+    tokens inside it and is still one call.
     """
     if len(sample.prompt_ids) <= max_prompt_length and len(sample.response_ids) <= max_response_length:
         return Fitted([sample])
-    calls = _generated_runs(sample.loss_mask)
+    calls = sample.calls
     fitted = Fitted([], split=1)
     index = 0
     while index < len(calls):
         start = calls[index][0]
         if len(sample.prompt_ids) + start > max_prompt_length:  # later calls' prompts are longer still
-            fitted.dropped_calls += len(calls) - index
-            fitted.reason = "prompt_too_long"
+            fitted.dropped["prompt_too_long"] += len(calls) - index
             break
         if calls[index][1] - start > max_response_length:
-            fitted.dropped_calls += 1
-            fitted.reason = "call_too_long"
+            fitted.dropped["call_too_long"] += 1
             index += 1
             continue
         last = index
         while last + 1 < len(calls) and calls[last + 1][1] - start <= max_response_length:
             last += 1
-        fitted.parts.append(sample.part(start, calls[last][1], last - index + 1))
+        fitted.parts.append(sample.part(start, calls[last][1]))
         index = last + 1
     return fitted
 
@@ -139,7 +163,7 @@ def fit_all(samples: list[Sample], max_prompt_length: int, max_response_length: 
         fitted = fit_to_limits(sample, max_prompt_length, max_response_length)
         total.parts += fitted.parts
         total.split += fitted.split
-        total.dropped_calls += fitted.dropped_calls
+        total.dropped.update(fitted.dropped)
         total.dropped_tokens += sample.num_trained_tokens - sum(part.num_trained_tokens for part in fitted.parts)
     return total
 
@@ -148,6 +172,8 @@ def record_fitting(episode: Episode, fitted: Fitted, limits: str) -> None:
     """Count on the episode what fitting its samples split and dropped (`truncation/...`); warn on a drop."""
     episode.metrics["truncation/samples_split"] = float(fitted.split)
     episode.metrics["truncation/calls_dropped"] = float(fitted.dropped_calls)
+    for reason, count in fitted.dropped.items():
+        episode.metrics[f"truncation/calls_dropped/{reason}"] = float(count)
     episode.metrics["truncation/trained_tokens_dropped"] = float(fitted.dropped_tokens)
     if fitted.dropped_calls:
         import structlog  # here, not at the top: `import agenttune` (and `agenttune --help`) stays light

@@ -31,6 +31,17 @@ class Guide:
 class GuideError(ValueError):
     """The engine cannot build the grammar of a request's guide (e.g. a JSON-schema feature it lacks)."""
 
+    def refusal(self) -> str:
+        """What the gateway answers (400): the request's guide, not the engine, is at fault."""
+        return f"The response_format or tool parameters schema cannot be enforced: {self}. Simplify the schema."
+
+
+class GuidedDecodingMissing(GuideError):
+    """The engine enforces guides with a library that is not installed here (an optional extra)."""
+
+    def refusal(self) -> str:
+        return str(self)
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -16,17 +16,21 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engines.base import Guide, GuideError
-from agenttune.errors import UserError
+from agenttune.engines.base import Guide, GuideError, GuidedDecodingMissing
+
+# xgrammar is in its own extra, not in `local`: it requires triton (about 285 MB of GPU kernels), which
+# a CPU machine that never guides a reply should not download.
+MISSING = ("This request asks for tool_choice or response_format, which the hf engine enforces while decoding "
+           "with xgrammar, and xgrammar is not installed here. It is in agenttune's `guided` extra (not in "
+           "`local`, because it pulls triton, a GPU package): pip install 'agenttune[guided]', or send the "
+           "request without tool_choice and response_format.")
 
 
 def _xgrammar() -> Any:
     try:
         import xgrammar
     except ImportError:
-        raise UserError("A request asked for tool_choice or response_format, which the hf engine enforces with "
-                        "xgrammar, and xgrammar is not installed.",
-                        hint="pip install 'agenttune[local]' (or pip install xgrammar).") from None
+        raise GuidedDecodingMissing(MISSING) from None
     return xgrammar
 
 

@@ -210,8 +210,7 @@ class ChatCompletions:
 
     @staticmethod
     def _guide_refusal(error: GuideError) -> GatewayError:
-        return GatewayError(400, f"The response_format or tool parameters schema cannot be enforced: {error}. "
-                                 "Simplify the schema.", param="response_format")
+        return GatewayError(400, error.refusal(), param="response_format")
 
     @staticmethod
     def _engine_failure(channel: EpisodeChannel, error: Exception) -> GatewayError:

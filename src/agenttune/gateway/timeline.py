@@ -3,7 +3,9 @@
 When a request's messages are the previous request's messages plus the reply the model generated
 plus new messages (tool results, a user turn), its prompt is the previous prompt ids + the generated
 ids + the template glue and new messages tokenized on their own (the delta). Nothing generated is
-re-tokenized. Such calls merge into one sample whose loss mask is 1 exactly on generated tokens.
+re-tokenized. Such calls merge into one sample whose loss mask is 1 exactly on generated tokens (not
+on those a grammar forced), and whose `call_spans` record where each call's reply lies: the
+boundaries that splitting a sample keeps.
 Otherwise a new sample starts and the reason is counted (`BREAK_REASONS`).
 """
 
@@ -43,7 +45,7 @@ class SampleBuilder:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    num_calls: int = 0
+    call_spans: list[tuple[int, int]] = field(default_factory=list)  # each call's reply in response_ids
     exact: bool = True  # False: built from text, not from the engine's token ids
     engine_logprobs: bool = True  # False: the engine reported none (placeholders; the trainer recomputes)
     versions: list[int] | None = None  # per response token, once an engine reported versions
@@ -63,11 +65,11 @@ class SampleBuilder:
             self.versions = [-1] * len(self.response_ids)
         if self.versions is not None:
             self.versions += list(versions) if versions is not None else [-1] * len(token_ids)
+        self.call_spans.append((len(self.response_ids), len(self.response_ids) + len(token_ids)))
         self.response_ids += token_ids
         self.loss_mask += [0 if is_forced else 1 for is_forced in forced] if forced else [1] * len(token_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
         self.engine_logprobs = self.engine_logprobs and logprobs is not None
-        self.num_calls += 1
 
     @property
     def context_ids(self) -> list[int]:
@@ -79,7 +81,8 @@ class SampleBuilder:
 
     def to_sample(self, trainable: bool) -> Sample:
         return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
-                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=self.num_calls,
+                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=len(self.call_spans),
+                      call_spans=list(self.call_spans),
                       trainable=trainable and self.exact, engine_logprobs=self.engine_logprobs,
                       policy_versions=list(self.versions) if self.versions is not None else None)
 

@@ -305,9 +305,31 @@ def test_a_merged_sample_over_the_limits_is_split_at_call_boundaries():
     # the second part's prompt (7 tokens) is over a 6-token prompt limit: its calls are dropped
     fitted = fit_to_limits(merged, 6, 5)
     assert [p.response_ids for p in fitted.parts] == [[10, 11]]
-    assert fitted.dropped_calls == 2 and fitted.reason == "prompt_too_long"
+    assert fitted.dropped == {"prompt_too_long": 2}
     # a first prompt over the limit: nothing fits
     assert fit_to_limits(merged, 2, 100).parts == [] and fit_to_limits(merged, 2, 100).dropped_calls == 3
+
+
+def test_each_dropped_call_is_counted_under_its_own_reason():
+    """4 calls too long and then 2 whose prompts are too long: counted 4 + 2, not 6 under the last reason
+    (issue 36). The calls are the recorded spans: forced tokens (mask 0) inside a call do not split it."""
+    from agenttune.episode import fit_all, fit_to_limits
+
+    long_call = [1, 0, 1, 1, 0, 1]  # a guided reply: forced tokens inside, one call
+    mask = long_call * 4 + [0, 0] + [1, 1] + [0] + [1, 1]
+    spans = [(0, 6), (6, 12), (12, 18), (18, 24), (26, 28), (29, 31)]
+    merged = Sample(prompt_ids=[1], response_ids=list(range(31)), loss_mask=mask, logprobs=[-1.0] * 31,
+                    num_calls=6, call_spans=spans)
+    fitted = fit_to_limits(merged, max_prompt_length=20, max_response_length=5)
+    assert fitted.parts == [] and fitted.dropped == {"call_too_long": 4, "prompt_too_long": 2}
+    fitted = fit_to_limits(merged, max_prompt_length=25, max_response_length=6)  # each long call alone
+    assert [part.num_calls for part in fitted.parts] == [1, 1, 1, 1] and fitted.dropped == {"prompt_too_long": 2}
+    fitted = fit_to_limits(merged, max_prompt_length=28, max_response_length=6)  # the short two together
+    assert [part.calls for part in fitted.parts] == [[(0, 6)]] * 4 + [[(0, 2), (3, 5)]] and not fitted.dropped
+    total = fit_all([merged, merged], max_prompt_length=20, max_response_length=5)
+    assert total.dropped == {"call_too_long": 8, "prompt_too_long": 4} and total.dropped_calls == 12
+    with pytest.raises(ValueError, match="call spans"):
+        merged.model_copy(update={"num_calls": 5}).model_post_init(None)
 
 
 def test_the_trainer_recomputes_logprobs_the_engine_did_not_report():

@@ -64,10 +64,10 @@ def build_items(
                 continue
             fitted = fit_to_limits(sample, max_prompt_length, max_response_length)
             stats.split += fitted.split
-            if fitted.reason is not None:
-                stats.dropped_calls[fitted.reason] = stats.dropped_calls.get(fitted.reason, 0) + fitted.dropped_calls
-                if not fitted.parts and fitted.reason == "prompt_too_long":
-                    stats.too_long_prompt += 1
+            for reason, count in fitted.dropped.items():  # each dropped call under its own reason
+                stats.dropped_calls[reason] = stats.dropped_calls.get(reason, 0) + count
+            if not fitted.parts and set(fitted.dropped) == {"prompt_too_long"}:  # even the first call's
+                stats.too_long_prompt += 1
             stats.logprobs_recomputed += not sample.engine_logprobs
             for part in fitted.parts:
                 if not any(part.loss_mask):
