@@ -3,6 +3,9 @@ that sees this environment's packages, listed by the real `agenttune` command, t
 
 Three distributions: a working plugin (a task reader, a judge and a command), a plugin whose module
 fails to import, and one that clashes with the working one (disabled except where the clash is tested).
+Two more written against older import paths (issue 36): one through a module that moved (it loads,
+with a deprecation warning), one importing a name from a module that never had it (it is broken, and
+told where the name lives).
 """
 
 from __future__ import annotations
@@ -83,6 +86,29 @@ def register_task_readers():
 '''
 
 
+# Written for agenttune 0.1, whose docs showed these imports.
+OLD_RELEASE = '''
+from agenttune.task_reader import TaskReader
+from agenttune import Task, hookimpl
+
+
+class EchoReader(TaskReader):
+    name = "echo"
+
+    def read(self, split):
+        yield Task(task_id=f"{split}-0", query="echo", metadata={"ground_truth": "echo"})
+
+
+@hookimpl
+def register_task_readers():
+    return [EchoReader]
+'''
+
+MISPLACED = '''
+from agenttune.readers.base import Judge
+'''
+
+
 def write_distribution(root: Path, distribution: str, module: str, entry_point: str, code: str) -> Path:
     directory = root / distribution
     directory.mkdir(parents=True)
@@ -122,6 +148,8 @@ def venv(tmp_path_factory) -> Path:
         write_distribution(sources, "agenttune-plugin-countdown", "agenttune_countdown", "countdown", WORKING),
         write_distribution(sources, "agenttune-plugin-broken", "agenttune_broken", "broken", BROKEN),
         write_distribution(sources, "agenttune-plugin-clash", "agenttune_clash", "clash", CLASHING),
+        write_distribution(sources, "agenttune-plugin-echo", "agenttune_echo", "echo", OLD_RELEASE),
+        write_distribution(sources, "agenttune-plugin-misplaced", "agenttune_misplaced", "misplaced", MISPLACED),
     ]
     pip(path, "install", "--no-build-isolation", "--no-index", "--no-deps", "--quiet", *map(str, distributions))
     return path
@@ -217,3 +245,42 @@ def test_uninstalled_plugins_disappear(venv):
     finally:
         pip(venv, "install", "--no-build-isolation", "--no-index", "--no-deps", "--quiet",
             str(venv.parent / "src" / "agenttune-plugin-countdown"))
+
+
+@pytest.mark.slow
+def test_a_plugin_written_for_the_previous_release_loads_and_is_told_the_new_import(venv, tmp_path):
+    result = agenttune(venv, "plugins", "list", "--json")
+    echo = {entry["name"]: entry for entry in json.loads(result.stdout)}["echo"]
+    assert echo["error"] is None and echo["task_readers"] == ["echo"]
+    [deprecation] = echo["deprecations"]
+    assert deprecation.startswith("agenttune.task_reader moved to agenttune.readers.base in agenttune 0.2")
+    assert "`from agenttune.plugin_api import TaskReader`" in deprecation
+    assert ("Warning: agenttune plugin 'echo' (agenttune-plugin-echo) uses a deprecated import: "
+            "agenttune.task_reader moved") in result.stderr
+    table = agenttune(venv, "plugins", "list", COLUMNS="400")
+    assert "DEPRECATED IMPORT" in table.stdout
+    conf = tmp_path / "echo.yaml"
+    conf.write_text("task_reader:\n  type: echo\n", encoding="utf-8")
+    preview = agenttune(venv, "data", "preview", "--conf", str(conf), "--json")
+    assert preview.returncode == 0, preview.stderr
+    assert json.loads(preview.stdout.splitlines()[0])["task_id"] == "train-0"
+
+
+@pytest.mark.slow
+def test_a_plugin_broken_by_an_agenttune_import_is_told_where_the_name_lives(venv, tmp_path):
+    listed_now = {entry["name"]: entry for entry in json.loads(agenttune(venv, "plugins", "list", "--json").stdout)}
+    assert listed_now["misplaced"]["error"] == (
+        "ImportError: cannot import name 'Judge' from 'agenttune.readers.base' "
+        f"({Path(__import__('agenttune.readers.base').readers.base.__file__)}). Judge is not in "
+        "agenttune.readers.base: import it from the plugin API, `from agenttune.plugin_api import Judge`.")
+    # `train` naming a component of an installed but broken plugin: no "install the plugin" as if it were absent
+    conf = tmp_path / "missing.yaml"
+    conf.write_text("task_reader:\n  type: misplaced_reader\n", encoding="utf-8")
+    result = agenttune(venv, "train", "--conf", str(conf), "--backbone", "debug", COLUMNS="400")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "unknown task reader 'misplaced_reader'" in result.stderr
+    error = result.stderr.replace("\n", " ").split("Error: ", 1)[1]
+    assert "Installed plugins that failed to load, and so provide nothing: " in error
+    assert "misplaced (agenttune-plugin-misplaced): ImportError: cannot import name 'Judge'" in error
+    assert "`from agenttune.plugin_api import Judge`" in error and "broken (agenttune-plugin-broken)" in error
+    assert "If one of them provides it, fix that plugin" in error

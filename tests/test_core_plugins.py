@@ -115,8 +115,9 @@ def test_unknown_name_mentions_broken_plugins(register_plugin):
     with pytest.warns(PluginWarning), pytest.raises(PluginError) as raised:
         get_component("backbones", "verl", key="--backbone")
     assert "--backbone: unknown backbone 'verl'" in str(raised.value)
-    assert "Broken plugins (see `agenttune plugins list`):" in str(raised.value)
-    assert "broken-backbones" in str(raised.value)
+    assert "Installed plugins that failed to load, and so provide nothing:" in str(raised.value)
+    assert "broken-backbones ((test)): register_backbones raised RuntimeError: cannot start" in str(raised.value)
+    assert raised.value.hint.startswith("If one of them provides it, fix that plugin")
 
 
 def test_plugins_list_json_shape(run_cli):

@@ -3,7 +3,7 @@
 Every Python file under plugins/ is parsed (the real files, function-level imports included):
 plugin code imports agenttune only through `agenttune.plugin_api`; plugin tests may also use the
 package root (the user API) and `agenttune.testing`. Every name the API declares resolves, importing
-it stays light, and every plugin pins the 0.1 line it was written against.
+it stays light, and every plugin pins the 0.2 line it was written against.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from agenttune import plugin_api
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "plugins"
 API = "agenttune.plugin_api"
-PIN = ">=0.1,<0.2"
+PIN = ">=0.2,<0.3"
 
 
 def agenttune_imports(path: Path) -> list[tuple[int, str]]:
@@ -90,7 +90,7 @@ def test_the_check_catches_internal_imports(tmp_path):
 
 
 def test_every_declared_name_resolves_from_where_it_lives():
-    for name in plugin_api.__all__:
+    for name in set(plugin_api.__all__) - {"PLUGIN_API_VERSION"}:
         module, attribute = plugin_api._WHERE[name]
         value = getattr(plugin_api, name)
         assert value is getattr(sys.modules[module], attribute), name
@@ -119,8 +119,90 @@ def test_importing_the_plugin_api_imports_nothing_heavy():
 
 
 @pytest.mark.parametrize("project", plugin_projects(), ids=lambda path: str(path.parent.relative_to(PLUGINS)))
-def test_every_plugin_pins_the_0_1_line(project: Path):
+def test_every_plugin_pins_the_release_line(project: Path):
     dependencies = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["dependencies"]
     [requirement] = [Requirement(line) for line in dependencies if Requirement(line).name == "agenttune"]
     assert requirement.specifier == SpecifierSet(PIN), f"{project}: agenttune{requirement.specifier}"
     assert requirement.specifier.contains(Version(agenttune.__version__))  # this agenttune satisfies it
+
+
+def test_the_plugin_api_version_is_the_release_line():
+    """Plugins pin agenttune's release line; PLUGIN_API_VERSION is that line, so a plugin can check it."""
+    version = Version(agenttune.__version__)
+    assert plugin_api.PLUGIN_API_VERSION == (version.major, version.minor)
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == agenttune.__version__
+    assert SpecifierSet(PIN).contains(version)
+
+
+OLD_MODULES = ["agenttune.task_reader", "agenttune.judge", "agenttune.agent_framework", "agenttune.engine",
+               "agenttune.backbone", "agenttune.session", "agenttune.rollout_log", "agenttune.metrics",
+               "agenttune.rollout_gc", "agenttune.message_pipe", "agenttune.workflow_processes",
+               "agenttune.gateway.ids", "agenttune.gateway.tool_parsers", "agenttune.gateway.reasoning"]
+
+
+def test_every_module_that_moved_has_a_shim():
+    """The modules git says were renamed away under src/agenttune (the paths plugins of 0.1 imported)."""
+    from agenttune import moved
+
+    renamed = subprocess.run(["git", "log", "--diff-filter=R", "--name-status", "--format=", "--", "src/agenttune"],
+                             cwd=ROOT, capture_output=True, text=True)
+    if renamed.returncode != 0 or not renamed.stdout.strip():
+        pytest.skip("no git history here")
+    old = {line.split("\t")[1] for line in renamed.stdout.splitlines() if line.startswith("R")}
+    old_modules = {path.removeprefix("src/").removesuffix(".py").replace("/", ".") for path in old}
+    gone = {module for module in old_modules if not (ROOT / "src" / (module.replace(".", "/") + ".py")).exists()
+            and not (ROOT / "src" / module.replace(".", "/")).is_dir()}
+    assert gone <= set(moved.MODULES), gone - set(moved.MODULES)
+    assert set(OLD_MODULES) == set(moved.MODULES)
+
+
+@pytest.mark.parametrize("old", OLD_MODULES)
+def test_an_old_module_path_imports_with_a_warning_naming_the_plugin_api(old):
+    """Each in a fresh interpreter: the first import warns (a plugin of 0.1 loads, and is told)."""
+    from agenttune import moved
+
+    new = moved.MODULES[old][0]
+    code = (f"import warnings; warnings.simplefilter('error')\n"
+            f"try:\n    import {old}\nexcept DeprecationWarning as warning:\n    print(warning)\n"
+            f"warnings.simplefilter('ignore')\n"
+            f"import {old} as shim, {new} as new\n"
+            f"print(all(getattr(shim, name) is getattr(new, name) for name in dir(new) if not name.startswith('_')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    message, same = result.stdout.strip().splitlines()
+    assert message.startswith(f"{old} moved to {new} in agenttune 0.2; the old path works through 0.2.x")
+    assert "agenttune.plugin_api" in message and same == "True"
+    for name in moved.plugin_api_home(new):  # the names it suggests are the plugin API's, from there
+        assert f" {name}" in message and getattr(plugin_api, name) is getattr(sys.modules[new], name)
+
+
+def test_the_previous_releases_plugin_code_runs_with_warnings():
+    code = ("from agenttune.task_reader import TaskReader\n"
+            "from agenttune.judge import Judge, JudgeResult\n"
+            "from agenttune.engine import build_engine, NoOptions\n"  # names that moved on again
+            "from agenttune.plugin_api import TaskReader as Now, build_config\n"
+            "assert TaskReader is Now and build_engine.__module__ == 'agenttune.components'\n")
+    with pytest.warns(DeprecationWarning, match="from agenttune.plugin_api import TaskReader"):
+        exec(compile(code, "old_plugin.py", "exec"), {})
+
+
+def test_a_failed_agenttune_import_is_told_where_the_name_lives_now():
+    from agenttune.moved import import_advice
+
+    with pytest.raises(ImportError) as wrong_module:
+        exec("from agenttune.judges.base import TaskReader", {})
+    assert import_advice(wrong_module.value) == (
+        "TaskReader is not in agenttune.judges.base: import it from the plugin API, "
+        "`from agenttune.plugin_api import TaskReader`.")
+    with pytest.raises(ImportError) as internal:
+        exec("from agenttune.judges.base import NoOptions", {})
+    assert "(it lives in agenttune.component_base now), and it is not part of the plugin API" in import_advice(
+        internal.value)
+    with pytest.raises(ImportError) as no_module:
+        exec("import agenttune.readers.csv", {})
+    assert "agenttune has no module agenttune.readers.csv" in import_advice(no_module.value)
+    gone = ModuleNotFoundError("No module named 'agenttune.task_reader'", name="agenttune.task_reader")
+    assert import_advice(gone) == ("agenttune.task_reader moved to agenttune.readers.base in agenttune 0.2: import "
+                                   "from the plugin API instead, `from agenttune.plugin_api import TaskReader` "
+                                   "(docs/plugins.md).")
+    assert import_advice(ModuleNotFoundError("No module named 'torch'", name="torch")) is None

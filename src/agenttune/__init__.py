@@ -1,12 +1,17 @@
 """agenttune: train the LLM agent you already have with reinforcement learning."""
 
+from agenttune import moved
 from agenttune.episode import Episode, EpisodeStatus, Sample
 from agenttune.hookspecs import hookimpl
 from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.task import Task
 from agenttune.workflow import Workflow, WorkflowOutput
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# Old module paths plugins imported (agenttune.task_reader, ...) keep working for one release line,
+# with a DeprecationWarning naming the new import.
+moved.install_shims()
 
 # Imported on first use: `import agenttune` stays light.
 _LAZY = {"Trainer": "agenttune.trainer", "ModelTuner": "agenttune.tuner", "WorkflowTask": "agenttune.task"}

@@ -1,11 +1,13 @@
-"""What a plugin may import from agenttune: the plugin API of the 0.1 line.
+"""What a plugin may import from agenttune: the plugin API, version `PLUGIN_API_VERSION`.
 
 A plugin's code imports agenttune through this module only (`from agenttune.plugin_api import
 Judge, UserError, hookimpl`), and its tests through this module, the package root (the user API:
-`Task`, `Workflow`, ...) and `agenttune.testing`. Plugins pin `agenttune>=0.1,<0.2`: what is named
-here keeps its name and meaning within 0.1.x wherever it moves inside agenttune, so a plugin that
-keeps to it is not broken by agenttune's own refactorings. tests/test_plugin_api.py checks every
-plugin under plugins/ for it (their source files, parsed).
+`Task`, `Workflow`, ...) and `agenttune.testing`. The compatibility rules (docs/plugins.md): what is
+named here keeps its name and meaning within a release line (0.2.x), wherever it moves inside
+agenttune; a new line may add names, and a name it moves or retires keeps working for that one line
+with a DeprecationWarning naming the new import (agenttune/moved.py), then goes. Plugins pin the line
+they were written for (`agenttune>=0.2,<0.3`) and may check `PLUGIN_API_VERSION` at run time.
+tests/test_plugin_api.py checks every plugin under plugins/ for it (their source files, parsed).
 
 Names are imported on first use, from the module they live in (`_WHERE`), so importing one name
 costs what importing its module costs and `agenttune --help` stays light. To add a name: add it to
@@ -16,6 +18,10 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+# The release line whose plugin API this is, (major, minor): the same as agenttune's version, since
+# plugins pin agenttune's version. A plugin that supports several lines can branch on it.
+PLUGIN_API_VERSION: tuple[int, int] = (0, 2)
 
 if TYPE_CHECKING:
     from agenttune.backbones.base import Backbone, missing_validation_split
@@ -152,7 +158,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "send_with_retries": ("agenttune.http_retry", "send_with_retries"),
 }
 
-__all__ = sorted(_WHERE)
+__all__ = sorted([*_WHERE, "PLUGIN_API_VERSION"])
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
 
-from agenttune import hookspecs
+from agenttune import hookspecs, moved
 from agenttune.component_base import NoOptions
 from agenttune.errors import PluginError, PluginWarning
 
@@ -64,6 +64,7 @@ class PluginInfo:
     module: str
     error: str | None = None
     hook_errors: list[str] = field(default_factory=list)
+    deprecations: list[str] = field(default_factory=list)  # old agenttune imports it still uses (shims)
     provides: dict[str, list[str]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
     config_sections: list[str] = field(default_factory=list)
 
@@ -76,6 +77,7 @@ class PluginInfo:
             **self.provides,
             "config_sections": self.config_sections,
             "error": self.problem,
+            "deprecations": self.deprecations,
         }
 
     @property
@@ -123,14 +125,30 @@ class PluginManager:
             print(f"[agenttune trace] load {entry_point.name} = {entry_point.value} ({distribution} {version})",
                   file=sys.stderr)
         try:
-            module = entry_point.load()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DeprecationWarning)
+                module = entry_point.load()
             self.pm.register(module, name=key)
         except Exception as error:  # a broken plugin must not take the CLI down
-            info.error = f"{type(error).__name__}: {error}"
+            advice = moved.import_advice(error)
+            info.error = f"{type(error).__name__}: {error}" + (f". {advice}" if advice else "")
             warnings.warn(f"agenttune plugin {entry_point.name!r} ({distribution}) failed to load: {info.error}",
                           PluginWarning, stacklevel=2)
             if self.trace:
                 traceback.print_exc()
+            return
+        self._report_deprecations(info, caught)
+
+    def _report_deprecations(self, info: PluginInfo, caught: list[warnings.WarningMessage]) -> None:
+        """A plugin that loaded through an old import path (a shim) is told so on every run, not only
+        under pytest: Python hides DeprecationWarnings raised outside __main__."""
+        for warning in caught:
+            if issubclass(warning.category, moved.MovedWarning):
+                info.deprecations.append(str(warning.message))
+                warnings.warn(f"agenttune plugin {info.name!r} ({info.distribution}) uses a deprecated import: "
+                              f"{warning.message}", PluginWarning, stacklevel=3)
+            else:  # not ours: as it would have been without the recording
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
     def register(self, plugin: ModuleType | object, name: str, *, distribution: str = "(registered)",
                  version: str = "") -> None:
@@ -216,10 +234,17 @@ class PluginManager:
         label = KINDS[kind][1]
         available = ", ".join(sorted(provided)) or "none"
         where = f"{key}: " if key else ""
-        broken = [info.name for info in self.plugins.values() if info.problem]
-        extra = f" Broken plugins (see `agenttune plugins list`): {', '.join(broken)}." if broken else ""
-        raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.{extra}",
-                          hint="Check the spelling, or install the plugin that provides it.")
+        broken = [info for info in self.plugins.values() if info.problem]
+        if not broken:
+            raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.",
+                              hint="Check the spelling, or install the plugin that provides it.")
+        # It may well be installed: a plugin that failed to load provides nothing.
+        problems = "; ".join(f"{info.name} ({info.distribution}): {info.problem}" for info in broken)
+        raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}. Installed plugins that failed "
+                          f"to load, and so provide nothing: {problems}",
+                          hint="If one of them provides it, fix that plugin (what failed is above; `agenttune plugins "
+                               "list` shows it too); otherwise check the spelling, or install the plugin that "
+                               "provides it.")
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components()[kind])

@@ -15,12 +15,9 @@ import asyncio
 from collections import Counter
 
 import pytest
-
-from agenttune.episode import _generated_runs, fit_all, fit_to_limits
-
 from test_gateway_guided import SEARCH, WEATHER, client_for, serving
 
-
+from agenttune.episode import _generated_runs, fit_all, fit_to_limits
 
 EPISODES = 8
 TURNS = 3

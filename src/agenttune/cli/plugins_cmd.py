@@ -30,5 +30,7 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print a JSO
             provides += ("; " if provides else "") + f"config sections: {', '.join(info.config_sections)}"
         if info.problem:
             provides = f"[red]BROKEN: {info.problem}[/]" + (f" ({provides})" if provides else "")
+        for deprecation in info.deprecations:
+            provides += f"\n[yellow]DEPRECATED IMPORT: {deprecation}[/]"
         table.add_row(info.name, info.version, info.distribution, provides)
     Console().print(table)

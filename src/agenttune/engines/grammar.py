@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engines.base import Guide, GuideError, GuidedDecodingMissing
+from agenttune.engines.base import Guide, GuidedDecodingMissing, GuideError
 
 # xgrammar is in its own extra, not in `local`: it requires triton (about 285 MB of GPU kernels), which
 # a CPU machine that never guides a reply should not download.
