@@ -12,6 +12,8 @@ session pulls CUDA packages.
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -47,6 +49,34 @@ def fast(session: nox.Session) -> None:
     install_core(session, "local", "guided")
     session.install("pytest-xdist>=3.5")
     session.run("pytest", "tests", "-m", "not slow and not browser", "-n", "2", *session.posargs)
+
+
+# Every kind `agenttune plugins new` knows (agenttune/cli/plugin_template.py).
+TEMPLATE_KINDS = ("reader", "judge", "framework", "backbone", "engine", "parser")
+
+
+@nox.session(python=PYTHON)
+def plugin_template(session: nox.Session) -> None:
+    """The third-party path: `agenttune plugins new` writes a plugin with every kind, pip installs it
+    (built by its own [build-system], not editable), then its own tests and a debug training run with
+    it, as a plugin author would run them."""
+    install_core(session, "local")
+    work = Path(session.create_tmp()) / "plugin-template"
+    shutil.rmtree(work, ignore_errors=True)
+    plugin = work / "agenttune-plugin-noxdemo"
+    session.run("agenttune", "plugins", "new", "noxdemo", *[f"--kind={kind}" for kind in TEMPLATE_KINDS],
+                "--directory", str(plugin))
+    session.install(CPU_TORCH, str(plugin))
+    # Listed, from its entry point, and not broken.
+    session.run("python", "-c", "import json, subprocess; entries = json.loads(subprocess.run(['agenttune', "
+                "'plugins', 'list', '--json'], capture_output=True, text=True, check=True).stdout); "
+                "[entry] = [e for e in entries if e['name'] == 'noxdemo']; "
+                "assert entry['error'] is None and entry['backbones'] == ['noxdemo'], entry")
+    with session.chdir(plugin):
+        # Against the installed package: no src/ on the path (the template's pytest setting is for source trees).
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-o", "pythonpath=")
+        session.run("agenttune", "train", "--conf", "debug.yaml", "--backbone", "debug", "--run-dir",
+                    str(work / "debug-run"))
 
 
 @nox.session(python=PYTHON)

@@ -1,8 +1,9 @@
-"""`agenttune plugins list`."""
+"""`agenttune plugins list` and `agenttune plugins new`."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -34,3 +35,24 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print a JSO
             provides += f"\n[yellow]DEPRECATED IMPORT: {deprecation}[/]"
         table.add_row(info.name, info.version, info.distribution, provides)
     Console().print(table)
+
+
+@app.command("new")
+def new_plugin(
+    name: str = typer.Argument(help="The plugin's name: its package is agenttune_NAME, its components are named NAME."),
+    kinds: list[str] = typer.Option(["reader", "judge"], "--kind", "-k",
+                                    help="What it provides (repeat the option): reader, judge, framework, "
+                                         "backbone, engine, parser."),
+    directory: Path | None = typer.Option(None, "--directory", "-d",
+                                          help="Where to write it (default: ./agenttune-plugin-NAME)."),
+) -> None:
+    """Write a working plugin package: pyproject.toml with its entry point, a module per kind, tests, debug.yaml."""
+    from agenttune.cli.plugin_template import write_plugin
+
+    target = directory or Path(f"agenttune-plugin-{name.replace('_', '-')}")
+    written = write_plugin(name, kinds, target)
+    typer.echo(f"Wrote {len(written)} files to {target}/. Next:\n"
+               f"  cd {target}\n"
+               f"  pip install -e '.[test]'      # (CPU: pip install torch==2.13.0 first)\n"
+               f"  pytest\n"
+               f"  agenttune train --conf debug.yaml --backbone debug")
