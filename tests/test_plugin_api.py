@@ -90,7 +90,7 @@ def test_the_check_catches_internal_imports(tmp_path):
 
 
 def test_every_declared_name_resolves_from_where_it_lives():
-    for name in set(plugin_api.__all__) - {"PLUGIN_API_VERSION"}:
+    for name in plugin_api.__all__:
         module, attribute = plugin_api._WHERE[name]
         value = getattr(plugin_api, name)
         assert value is getattr(sys.modules[module], attribute), name
@@ -142,7 +142,7 @@ OLD_MODULES = ["agenttune.task_reader", "agenttune.judge", "agenttune.agent_fram
 
 def test_every_module_that_moved_has_a_shim():
     """The modules git says were renamed away under src/agenttune (the paths plugins of 0.1 imported)."""
-    from agenttune import moved
+    from agenttune import compatibility
 
     renamed = subprocess.run(["git", "log", "--diff-filter=R", "--name-status", "--format=", "--", "src/agenttune"],
                              cwd=ROOT, capture_output=True, text=True)
@@ -152,16 +152,16 @@ def test_every_module_that_moved_has_a_shim():
     old_modules = {path.removeprefix("src/").removesuffix(".py").replace("/", ".") for path in old}
     gone = {module for module in old_modules if not (ROOT / "src" / (module.replace(".", "/") + ".py")).exists()
             and not (ROOT / "src" / module.replace(".", "/")).is_dir()}
-    assert gone <= set(moved.MODULES), gone - set(moved.MODULES)
-    assert set(OLD_MODULES) == set(moved.MODULES)
+    assert gone <= set(compatibility.MODULES), gone - set(compatibility.MODULES)
+    assert set(OLD_MODULES) == set(compatibility.MODULES)
 
 
 @pytest.mark.parametrize("old", OLD_MODULES)
 def test_an_old_module_path_imports_with_a_warning_naming_the_plugin_api(old):
     """Each in a fresh interpreter: the first import warns (a plugin of 0.1 loads, and is told)."""
-    from agenttune import moved
+    from agenttune import compatibility
 
-    new = moved.MODULES[old][0]
+    new = compatibility.MODULES[old][0]
     code = (f"import warnings; warnings.simplefilter('error')\n"
             f"try:\n    import {old}\nexcept DeprecationWarning as warning:\n    print(warning)\n"
             f"warnings.simplefilter('ignore')\n"
@@ -172,7 +172,7 @@ def test_an_old_module_path_imports_with_a_warning_naming_the_plugin_api(old):
     message, same = result.stdout.strip().splitlines()
     assert message.startswith(f"{old} moved to {new} in agenttune 0.2; the old path works through 0.2.x")
     assert "agenttune.plugin_api" in message and same == "True"
-    for name in moved.plugin_api_home(new):  # the names it suggests are the plugin API's, from there
+    for name in compatibility.plugin_api_home(new):  # the names it suggests are the plugin API's, from there
         assert f" {name}" in message and getattr(plugin_api, name) is getattr(sys.modules[new], name)
 
 
@@ -187,7 +187,7 @@ def test_the_previous_releases_plugin_code_runs_with_warnings():
 
 
 def test_a_failed_agenttune_import_is_told_where_the_name_lives_now():
-    from agenttune.moved import import_advice
+    from agenttune.compatibility import import_advice
 
     with pytest.raises(ImportError) as wrong_module:
         exec("from agenttune.judges.base import TaskReader", {})

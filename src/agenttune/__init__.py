@@ -1,6 +1,6 @@
 """agenttune: train the LLM agent you already have with reinforcement learning."""
 
-from agenttune import moved
+from agenttune import compatibility
 from agenttune.episode import Episode, EpisodeStatus, Sample
 from agenttune.hookspecs import hookimpl
 from agenttune.judges.base import Judge, JudgeInput, JudgeResult
@@ -11,7 +11,7 @@ __version__ = "0.2.0"
 
 # Old module paths plugins imported (agenttune.task_reader, ...) keep working for one release line,
 # with a DeprecationWarning naming the new import.
-moved.install_shims()
+compatibility.install_shims()
 
 # Imported on first use: `import agenttune` stays light.
 _LAZY = {"Trainer": "agenttune.trainer", "ModelTuner": "agenttune.tuner", "WorkflowTask": "agenttune.task"}

@@ -5,7 +5,7 @@ Judge, UserError, hookimpl`), and its tests through this module, the package roo
 `Task`, `Workflow`, ...) and `agenttune.testing`. The compatibility rules (docs/plugins.md): what is
 named here keeps its name and meaning within a release line (0.2.x), wherever it moves inside
 agenttune; a new line may add names, and a name it moves or retires keeps working for that one line
-with a DeprecationWarning naming the new import (agenttune/moved.py), then goes. Plugins pin the line
+with a DeprecationWarning naming the new import (agenttune/compatibility.py), then goes. Plugins pin the line
 they were written for (`agenttune>=0.2,<0.3`) and may check `PLUGIN_API_VERSION` at run time.
 tests/test_plugin_api.py checks every plugin under plugins/ for it (their source files, parsed).
 
@@ -19,15 +19,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The release line whose plugin API this is, (major, minor): the same as agenttune's version, since
-# plugins pin agenttune's version. A plugin that supports several lines can branch on it.
-PLUGIN_API_VERSION: tuple[int, int] = (0, 2)
-
 if TYPE_CHECKING:
     from agenttune.backbones.base import Backbone, missing_validation_split
     from agenttune.backbones.local.rollout_correction import importance_weights, rejection_mask
     from agenttune.cli.main import app as cli_app
     from agenttune.cli.main import main as cli_main
+    from agenttune.compatibility import PLUGIN_API_VERSION
     from agenttune.components import Components, resolve
     from agenttune.config import AgentTuneConfig, JudgeConfig, TaskReaderConfig
     from agenttune.config_loader import (
@@ -71,6 +68,8 @@ if TYPE_CHECKING:
 
 # name -> (module, attribute). Grouped by what a plugin does with them.
 _WHERE: dict[str, tuple[str, str]] = {
+    # The release line of this API, for plugins to check (docs/plugins.md: the compatibility rules).
+    "PLUGIN_API_VERSION": ("agenttune.compatibility", "PLUGIN_API_VERSION"),
     # Registering components: the hook marker and the contracts the hooks return subclasses of.
     "hookimpl": ("agenttune.hookspecs", "hookimpl"),
     "TaskReader": ("agenttune.readers.base", "TaskReader"),
@@ -158,7 +157,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "send_with_retries": ("agenttune.http_retry", "send_with_retries"),
 }
 
-__all__ = sorted([*_WHERE, "PLUGIN_API_VERSION"])
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:

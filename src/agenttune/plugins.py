@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
 
-from agenttune import hookspecs, moved
+from agenttune import compatibility, hookspecs
 from agenttune.component_base import NoOptions
 from agenttune.errors import PluginError, PluginWarning
 
@@ -130,7 +130,7 @@ class PluginManager:
                 module = entry_point.load()
             self.pm.register(module, name=key)
         except Exception as error:  # a broken plugin must not take the CLI down
-            advice = moved.import_advice(error)
+            advice = compatibility.import_advice(error)
             info.error = f"{type(error).__name__}: {error}" + (f". {advice}" if advice else "")
             warnings.warn(f"agenttune plugin {entry_point.name!r} ({distribution}) failed to load: {info.error}",
                           PluginWarning, stacklevel=2)
@@ -143,7 +143,7 @@ class PluginManager:
         """A plugin that loaded through an old import path (a shim) is told so on every run, not only
         under pytest: Python hides DeprecationWarnings raised outside __main__."""
         for warning in caught:
-            if issubclass(warning.category, moved.MovedWarning):
+            if issubclass(warning.category, compatibility.MovedWarning):
                 info.deprecations.append(str(warning.message))
                 warnings.warn(f"agenttune plugin {info.name!r} ({info.distribution}) uses a deprecated import: "
                               f"{warning.message}", PluginWarning, stacklevel=3)

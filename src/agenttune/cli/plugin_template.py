@@ -40,14 +40,15 @@ def write_plugin(name: str, kinds: list[str], directory: Path) -> list[Path]:
     """Write the package for plugin `name` with `kinds` into `directory` (which must not exist)."""
     import jinja2
 
-    from agenttune.plugin_api import PLUGIN_API_VERSION
+    from agenttune.compatibility import PLUGIN_API_VERSION
 
     check(name, kinds, directory)
     kinds = [kind for kind in KINDS if kind in kinds]  # one order, whatever the command line's
     camel = "".join(part.capitalize() for part in name.split("_"))
     major, minor = PLUGIN_API_VERSION
+    package = f"agenttune_{name}"
     context = {
-        "name": name, "package": f"agenttune_{name}", "distribution": f"agenttune-plugin-{name.replace('_', '-')}",
+        "name": name, "package": package, "distribution": f"agenttune-plugin-{name.replace('_', '-')}",
         "camel": camel, "kinds": kinds, "kinds_text": listed([KINDS[kind].what for kind in kinds]),
         "classes": {kind: camel + KINDS[kind].suffix for kind in kinds},
         "hooks": {kind: KINDS[kind].hook for kind in kinds},
@@ -59,7 +60,7 @@ def write_plugin(name: str, kinds: list[str], directory: Path) -> list[Path]:
     }
     environment = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
     written = []
-    for source, target in layout(context["package"], kinds):
+    for source, target in layout(package, kinds):
         text = environment.from_string(TEMPLATES.joinpath(*source.split("/")).read_text(encoding="utf-8"))
         path = directory / target
         path.parent.mkdir(parents=True, exist_ok=True)

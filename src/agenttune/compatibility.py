@@ -1,4 +1,5 @@
-"""What moved inside agenttune, where it lives now, and the shims that keep old import paths working.
+"""What a plugin can rely on across agenttune releases: the plugin API's version, and for what moved
+inside agenttune, where it lives now and the shims that keep the old import paths working.
 
 A plugin imports agenttune through `agenttune.plugin_api` only (docs/plugins.md). Plugins written for
 an earlier release may still import the modules their names used to live in. For one minor version
@@ -19,6 +20,10 @@ import sys
 import warnings
 from types import ModuleType
 from typing import Any
+
+# The release line whose plugin API this is, (major, minor): agenttune's own version's, since plugins
+# pin agenttune's version (`agenttune>=0.2,<0.3`). A plugin that supports several lines can branch on it.
+PLUGIN_API_VERSION: tuple[int, int] = (0, 2)
 
 
 class MovedWarning(DeprecationWarning):
