@@ -86,8 +86,8 @@ def lint(session: nox.Session) -> None:
     no plugin imported by the core, plugins only through agenttune.plugin_api)."""
     # mypy reads the core's typed dependencies (torch, transformers, pydantic, ...) from this
     # environment; the plugins' own libraries (verl, trinity, agent frameworks) conflict with each
-    # other and are listed as untyped in pyproject.toml instead.
-    install_core(session, "local")
+    # other and are listed as untyped in pyproject.toml instead. `guided`: engines/grammar.py imports xgrammar.
+    install_core(session, "local", "guided")
     session.install(MYPY, "types-PyYAML", IMPORT_LINTER)
     session.run("ruff", "check", "src", "tests", "plugins", "examples", "bench", "noxfile.py")
     session.run("mypy")

@@ -19,6 +19,8 @@ from test_gateway_guided import SEARCH, WEATHER, client_for, serving
 
 from agenttune.episode import _generated_runs, fit_all, fit_to_limits
 
+pytestmark = pytest.mark.slow  # a corpus of 24 guided calls on the tiny model
+
 EPISODES = 8
 TURNS = 3
 CHOICES = [{"type": "function", "function": {"name": "get_weather"}}, "required"]
