@@ -152,7 +152,8 @@ def test_every_module_that_moved_has_a_shim():
     old_modules = {path.removeprefix("src/").removesuffix(".py").replace("/", ".") for path in old}
     gone = {module for module in old_modules if not (ROOT / "src" / (module.replace(".", "/") + ".py")).exists()
             and not (ROOT / "src" / module.replace(".", "/")).is_dir()}
-    assert gone <= set(compatibility.MODULES), gone - set(compatibility.MODULES)
+    unreleased = {"agenttune.moved"}  # compatibility.py's name while it was written, in no release
+    assert gone - unreleased <= set(compatibility.MODULES), gone - unreleased - set(compatibility.MODULES)
     assert set(OLD_MODULES) == set(compatibility.MODULES)
 
 
