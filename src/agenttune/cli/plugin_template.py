@@ -1,4 +1,4 @@
-"""`agenttune plugins new`: a working plugin package, written from the templates in plugin_template/.
+"""`agenttune plugins new`: a working plugin package, written from the templates in plugin_files/.
 
 Each kind is one module of the new package, registered by its hook in `plugin.py`; `agent.py`,
 `debug.yaml` and the tests use every kind chosen, so the package passes its own tests and runs a
@@ -32,7 +32,7 @@ KINDS: dict[str, Kind] = {
     "engine": Kind("register_engines", "engines", "Engine", "an inference engine"),
     "parser": Kind("register_tool_parsers", "tool_parsers", "ToolParser", "a tool parser"),
 }
-TEMPLATES = files("agenttune.cli") / "plugin_template"
+TEMPLATES = files("agenttune.cli") / "plugin_files"  # the templates, package data
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
