@@ -286,3 +286,24 @@ def test_a_loaded_config_pickles_with_its_sections(register_plugin, write_yaml):
         assert type(copied) is type(config)
         assert copied == config and copied.source_dir == config.source_dir
         assert copied.section("greeter", GreetingSection).greeting == "hi"
+
+
+# -- asynchronous modes correct stale tokens unless told otherwise -------------------------------------
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_asynchronous_modes_default_to_token_level_truncated_importance_sampling(mode):
+    correction = load_config({}, [f"trainer.mode={mode}"]).algorithm.rollout_correction
+    assert (correction.rollout_is, correction.rollout_is_threshold) == ("token", 2.0)
+
+
+def test_synchronous_training_keeps_rollout_correction_off():
+    assert not load_config({}, ["trainer.mode=sync"]).algorithm.rollout_correction.enabled
+
+
+def test_an_explicit_rollout_correction_is_kept_in_asynchronous_modes():
+    off = load_config({}, ["trainer.mode=async", "algorithm.rollout_correction.rollout_is=null"])
+    assert not off.algorithm.rollout_correction.enabled
+    chosen = load_config({}, ["trainer.mode=async", "algorithm.rollout_correction.rollout_is=sequence",
+                              "algorithm.rollout_correction.rollout_is_threshold=5.0"])
+    assert (chosen.algorithm.rollout_correction.rollout_is,
+            chosen.algorithm.rollout_correction.rollout_is_threshold) == ("sequence", 5.0)

@@ -166,7 +166,7 @@ def test_staleness_counts_trained_tokens_only():
     assert staleness_metrics([episode.model_copy(update={"samples": []})], version=5) == {}
 
 
-def test_asynchronous_training_without_rollout_correction_is_warned_about():
+def test_asynchronous_training_with_rollout_correction_turned_off_is_warned_about():
     from structlog.testing import capture_logs
 
     from agenttune.backbones.local.loop import _warn_if_uncorrected
@@ -178,9 +178,11 @@ def test_asynchronous_training_without_rollout_correction_is_warned_about():
             _warn_if_uncorrected(config, config.trainer.staleness_bound)
         return [entry["event"] for entry in logs if entry["log_level"] == "warning"]
 
-    [warning] = warnings("trainer.mode=async", "trainer.max_staleness=2")
+    off = "algorithm.rollout_correction.rollout_is=null"
+    [warning] = warnings("trainer.mode=async", "trainer.max_staleness=2", off)
     assert "rollout_is: token" in warning and "2 policy versions" in warning
-    assert warnings("trainer.mode=one_step_off")  # one version off is still off-policy
-    assert not warnings("trainer.mode=async", "algorithm.rollout_correction.rollout_is=token")
+    assert warnings("trainer.mode=one_step_off", off)  # one version off is still off-policy
+    assert not warnings("trainer.mode=async")  # the default: token-level truncated importance sampling
+    assert not warnings("trainer.mode=async", "algorithm.rollout_correction.rollout_is=sequence")
     assert not warnings("trainer.mode=sync")
     assert not warnings("trainer.mode=async", "trainer.max_staleness=0")  # the synchronous schedule

@@ -320,14 +320,16 @@ def rollout_model(model: torch.nn.Module, bound: int | None, *, engine_copies: b
 
 def _warn_if_uncorrected(config: Any, bound: int | None) -> None:
     """Tokens sampled by older weights are trained as if on-policy unless rollout correction weighs them
-    (verl, AReaL and slime all pair asynchronous training with it). The quickstart at max_staleness 2
+    (verl, AReaL and slime all pair asynchronous training with it). Asynchronous modes turn it on by
+    default (config.py); this warns when the user turned it off. The quickstart at max_staleness 2
     without it once peaked at 100 % held-out and fell to 56 % by step 20 (docs/local.md)."""
     correction = config.algorithm.rollout_correction
     if bound and not (correction.rollout_is or correction.rollout_rs or correction.bypass_mode):
-        log.warning("asynchronous training without rollout correction: tokens up to "
-                    f"{bound} policy versions old are trained as if on-policy. Set "
-                    "algorithm.rollout_correction.rollout_is: token (and rollout_is_threshold: 2.0) to weigh "
-                    "them by pi_old / pi_rollout (docs/local.md, Asynchronous training).")
+        log.warning("asynchronous training with rollout correction turned off: tokens up to "
+                    f"{bound} policy versions old are trained as if on-policy. Leave "
+                    "algorithm.rollout_correction unset (asynchronous modes then use rollout_is: token, "
+                    "rollout_is_threshold: 2.0) to weigh them by pi_old / pi_rollout (docs/local.md, "
+                    "Asynchronous training).")
 
 
 def _check_engine(engine: Any, bound: int | None) -> None:
