@@ -302,3 +302,26 @@ def test_warnings_are_rate_limited():
         warnings.warn("other", "something else")
     assert [entry["event"] for entry in logs] == ["many connections"] * 2 + ["something else"]
     assert logs[1]["more_since_last_warning"] == 99
+
+
+def test_a_workflow_asking_for_a_bad_agent_name_is_told_at_once(gateway):
+    channel = gateway.open_episode("named")
+    assert channel.api_key("critic-2").endswith(".critic-2")
+    with pytest.raises(ValueError, match="not 1-64 letters"):
+        channel.api_key("my critic")
+
+
+def test_endless_headers_are_refused_431(gateway):
+    """httptools gathers a header by concatenating its pieces: 16 MiB of one header would cost the event
+    loop quadratic time. The server answers 431 after 64 KiB and drops the rest."""
+    with connect(gateway) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: ")
+        try:
+            for _ in range(256):
+                sock.sendall(b"a" * 65536)
+        except ConnectionError:
+            pass
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431")
+    assert error_of(answer)[1]["code"] == "request_header_fields_too_large"
+    assert httpx.get(f"{gateway.root_url}/health").status_code == 200

@@ -29,7 +29,7 @@ import structlog
 from agenttune.config import AgentTuneConfig
 from agenttune.engines.base import InferenceEngine, SamplingParams
 from agenttune.errors import UserError
-from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
+from agenttune.gateway.channel import AGENT_NAME, AGENT_NAME_RULE, DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
 from agenttune.gateway.errors import GatewayError, bad_request
 from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
@@ -53,9 +53,6 @@ from agenttune.webserver.requests import (
 log = structlog.get_logger("agenttune.gateway")
 
 _NAME = re.compile(r"[A-Za-z0-9_.:@+=-]{1,40}")  # an API key that reads like a conversation's name
-# What an agent name (the `KEY.agent` suffix of an API key) may be: it is stored with the samples,
-# shown in the log viewer and used in metric names, so no path separators, controls or bidi marks.
-AGENT_NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or a raw UTF-16 surrogate
 
 
@@ -214,8 +211,8 @@ class Gateway:
                                     "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
                                code="invalid_api_key")
         if agent and not AGENT_NAME.fullmatch(agent):
-            raise GatewayError(400, f"The agent name after the '.' in the API key ({agent[:80]!r}) must be 1-64 "
-                                    "letters, digits or _ . : @ + - (KEY.agent files the calls under that agent).",
+            raise GatewayError(400, f"The agent name after the '.' in the API key ({agent[:80]!r}) must be "
+                                    f"{AGENT_NAME_RULE} (KEY.agent files the calls under that agent).",
                                code="invalid_agent_name")
         return channel, agent or DEFAULT_AGENT
 

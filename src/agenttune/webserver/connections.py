@@ -8,6 +8,9 @@ pile up until the process runs out of file descriptors. Here:
 - a connection must deliver a whole request (headers and body) within `request_timeout_s` of
   opening, or of its first byte after a keep-alive wait; otherwise it gets 408 and is closed.
   Once the request is in, the answer may take as long as it takes (a long generation);
+- a request line and headers longer than `MAX_HEAD_BYTES` get 431 and the connection is closed
+  (httptools collects a header by concatenating its pieces: a header of megabytes would cost
+  the event loop quadratic time, and memory);
 - beyond `max_connections` open connections (at most 3/4 of the process's file-descriptor limit),
   a new connection is answered 503 at once and closed;
 - the warnings of both, of uvicorn's per-request ones and of the accept loop running out of file
@@ -24,6 +27,7 @@ from typing import Any
 
 from agenttune.webserver.limits import WARNINGS, ServerLimits, error_body
 
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers
 REFUSED_LINGER_S = 1.0  # how long a refused connection may still read (and drop) what the client sent
 FD_RESERVE_FRACTION = 0.75  # the connections may use at most this share of the file-descriptor limit
 
@@ -48,6 +52,9 @@ def guarded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
     timeout_response = _raw_response(
         "408 Request Timeout", f"The request did not arrive within {limits.request_timeout_s:g} s.",
         "request_timeout")
+    head_response = _raw_response(
+        "431 Request Header Fields Too Large", f"The request line and headers are longer than {MAX_HEAD_BYTES // 1024} "
+        "KiB.", "request_header_fields_too_large")
     busy_response = _raw_response(
         "503 Service Unavailable", f"The server has {cap} open connections, its limit; try again shortly.",
         "too_many_connections", type="server_error")
@@ -57,42 +64,62 @@ def guarded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
             super().__init__(*args, **kwargs)
             self.timeout_keep_alive = limits.keep_alive_timeout_s
             self._deadline: asyncio.TimerHandle | None = None
-            self._refused: asyncio.TimerHandle | None = None
+            self._dropping: asyncio.TimerHandle | None = None  # answered and closing: what arrives is dropped
+            self._accepted = False
+            self._head_bytes = 0  # of the request whose headers are still arriving
 
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= cap:
-                self._refuse(transport)
+                WARNINGS.warn("too_many_connections", f"Refusing connections: {cap} are open (max_connections).")
+                self._drop(transport, busy_response)
                 return
+            self._accepted = True
             super().connection_made(transport)
             self._arm()
 
-        def _refuse(self, transport: Any) -> None:
-            """503 and close, without a request cycle. The socket reads (and drops) what the client sends
-            for a moment: closing it with unread data would reset it, and lose the 503 on the way."""
-            WARNINGS.warn("too_many_connections", f"Refusing connections: {cap} are open (max_connections).")
-            transport.write(busy_response)
+        def _drop(self, transport: Any, response: bytes) -> None:
+            """Answer and close, with no request being answered. The socket still reads (and drops) what
+            the client sends for a moment: closing it with unread data would reset it, and the answer
+            could be lost on the way."""
+            transport.write(response)
             if transport.can_write_eof():
                 transport.write_eof()
-            self._refused = self.loop.call_later(REFUSED_LINGER_S, transport.close)
+            self._dropping = self.loop.call_later(REFUSED_LINGER_S, transport.close)
 
         def data_received(self, data: bytes) -> None:
-            if self._refused is not None:
+            if self._dropping is not None:
                 return
             if self._deadline is None:  # a new request begins
                 self._arm()
+            in_head = self._in_head()
             super().data_received(data)
+            if not (in_head and self._in_head()):  # (bytes that completed the headers are not counted)
+                self._head_bytes = 0
+                return
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                WARNINGS.warn("headers_too_large", f"Refusing requests with more than {MAX_HEAD_BYTES} bytes of "
+                                                   "headers.")
+                self._disarm()
+                self._drop(self.transport, head_response)
+
+        def _in_head(self) -> bool:
+            """Whether the bytes now arriving are a request line or headers (no request, or the last one
+            answered with its body all in)."""
+            cycle = self.cycle
+            return cycle is None or (cycle.response_complete and not cycle.more_body)
 
         def eof_received(self) -> Any:
-            if self._refused is not None:
+            if self._dropping is not None:
                 return None  # (the transport closes itself)
             return super().eof_received()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            if self._refused is not None:
-                self._refused.cancel()
-                return
-            super().connection_lost(exc)
+            if self._dropping is not None:
+                self._dropping.cancel()
+            if self._accepted:
+                super().connection_lost(exc)
 
         def on_response_complete(self) -> None:
             self._disarm()
