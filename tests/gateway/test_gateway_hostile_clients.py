@@ -325,3 +325,51 @@ def test_endless_headers_are_refused_431(gateway):
     assert answer.startswith(b"HTTP/1.1 431")
     assert error_of(answer)[1]["code"] == "request_header_fields_too_large"
     assert httpx.get(f"{gateway.root_url}/health").status_code == 200
+
+
+def test_the_accept_loop_out_of_descriptors_warns_once_per_interval(monkeypatch):
+    """What asyncio's accept loop reports on EMFILE (each retry, a second apart, with a traceback)."""
+    from agenttune.webserver import connections
+    from agenttune.webserver.connections import accept_errors_rate_limited
+
+    monkeypatch.setattr(connections, "WARNINGS", RateLimitedWarnings())  # (the process's own may have fired)
+
+    others: list[dict] = []
+
+    async def flood() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: others.append(context))
+        with accept_errors_rate_limited():
+            for _ in range(50):
+                loop.call_exception_handler({"message": "socket.accept() out of system resource",
+                                             "exception": OSError(24, "Too many open files")})
+            loop.call_exception_handler({"message": "something else"})
+        assert loop.get_exception_handler() is not None  # the previous one is back
+
+    with capture_logs() as logs:
+        asyncio.run(flood())
+    accept_warnings = [entry for entry in logs if entry.get("condition") == "accept_failed"]
+    assert len(accept_warnings) == 1 and "Too many open files" in accept_warnings[0]["error"]
+    assert [context["message"] for context in others] == ["something else"]
+
+
+def test_uvicorns_per_request_warnings_are_rate_limited(monkeypatch):
+    import logging
+
+    from agenttune.webserver import connections
+    from agenttune.webserver.connections import rate_limit_uvicorn_warnings
+
+    monkeypatch.setattr(connections, "WARNINGS", RateLimitedWarnings())
+
+    rate_limit_uvicorn_warnings()
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        for _ in range(200):
+            logger.warning("Invalid HTTP request received (test %s).", "flood")
+    finally:
+        logger.removeHandler(handler)
+    assert len(seen) == 1

@@ -98,8 +98,9 @@ def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -
 
 def _check_sampling(body: dict[str, Any]) -> None:
     """400 for a sampling value out of its range, with OpenAI's codes (`decimal_above_max_value`, ...)."""
-    for key, (kind, low, high) in SAMPLING_RANGES.items():
-        value = body.get(key)
+    for key in body.keys() & SAMPLING_RANGES.keys():
+        kind, low, high = SAMPLING_RANGES[key]
+        value = body[key]
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):

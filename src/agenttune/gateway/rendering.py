@@ -147,11 +147,13 @@ class PieceCache:
         self._lock = threading.Lock()
 
     def get(self, piece: str) -> list[int]:
-        with self._lock:
-            ids = self._entries.get(piece)
-            if ids is not None:
+        ids = self._entries.get(piece)
+        if ids is not None:  # the hot path, without the lock: each OrderedDict call is atomic
+            try:
                 self._entries.move_to_end(piece)
-                return ids
+            except KeyError:  # (evicted by another thread meanwhile)
+                pass
+            return ids
         ids = self.encode(piece)
         if len(piece) <= self.largest:
             with self._lock:

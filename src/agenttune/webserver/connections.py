@@ -142,7 +142,7 @@ def guarded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
                 return
             WARNINGS.warn("request_timeout", "Closing connections that did not send a whole request within "
                                              f"{limits.request_timeout_s:g} s (slow or idle clients).")
-            if cycle is None or cycle.response_complete or not cycle.response_started:
+            if self._in_head() or not cycle.response_started:  # (not after a 413 whose body is still arriving)
                 self.transport.write(timeout_response)
             self.transport.close()
 
@@ -163,7 +163,7 @@ def uvicorn_config(app: Any, limits: ServerLimits, **options: Any) -> Any:
 
     rate_limit_uvicorn_warnings()
     return uvicorn.Config(app, http=guarded_protocol(limits), access_log=False, lifespan="off",
-                          h11_max_incomplete_event_size=64 * 1024, **options)
+                          h11_max_incomplete_event_size=MAX_HEAD_BYTES, **options)
 
 
 class _OncePerInterval(logging.Filter):
