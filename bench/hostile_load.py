@@ -117,8 +117,10 @@ def probe_health(url: str, seconds: float) -> list[float]:
     """GET /health every 20 ms over one keep-alive connection, in a process of its own (so the latencies
     are the server's, not this script's busy event loop's); milliseconds, failures as infinity."""
     latencies = []
-    until = time.monotonic() + seconds
     with httpx.Client(base_url=url, timeout=30) as client:
+        client.get("/health")  # connected before the attack starts, as a running client is
+        print("ready", flush=True)
+        until = time.monotonic() + seconds
         while time.monotonic() < until:
             started = time.perf_counter()
             try:
@@ -130,11 +132,18 @@ def probe_health(url: str, seconds: float) -> list[float]:
     return latencies
 
 
-async def health(url: str, seconds: float) -> list[float]:
+async def health(url: str, seconds: float) -> asyncio.Task:
+    """The prober started and connected; the task gives its latencies once it is done."""
     process = await asyncio.create_subprocess_exec(sys.executable, __file__, "--probe", url, "--seconds",
                                                    str(seconds), stdout=asyncio.subprocess.PIPE)
-    output, _ = await process.communicate()
-    return json.loads(output)
+    assert process.stdout is not None
+    await process.stdout.readline()  # "ready"
+
+    async def latencies() -> list[float]:
+        output, _ = await process.communicate()
+        return json.loads(output)
+
+    return asyncio.create_task(latencies())
 
 
 async def huge_body(port: int, tally: Tally, *, chunked: bool) -> None:
@@ -244,10 +253,10 @@ async def attack(url: str, pid: int, args: argparse.Namespace, tally: Tally) -> 
     port = int(url.rsplit(":", 1)[1])
     until = time.monotonic() + args.quiet + args.seconds
     chatting = [asyncio.create_task(ordinary(url, until, tally, number)) for number in range(args.clients)]
-    tally.quiet_health_ms = await health(url, args.quiet)  # ordinary clients only
+    tally.quiet_health_ms = await (await health(url, args.quiet))  # ordinary clients only
     baseline = rss_mb(pid)
     tally.ordinary_ok_quiet, tally.ordinary_failed_quiet = tally.ordinary_ok, tally.ordinary_failed
-    background = [*chatting, asyncio.create_task(health(url, args.seconds)),
+    background = [*chatting, await health(url, args.seconds),
                   asyncio.create_task(sample_rss(pid, until + args.grace, tally))]
     attacks = [asyncio.create_task(huge_bodies(port, until, tally)), asyncio.create_task(junk(url, until, tally))]
     slowloris = b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 10**4
