@@ -118,6 +118,27 @@ def test_fuzzed_requests_get_no_server_error(server, body, key):
         check(client.post("/chat/completions", json=body, headers=headers))
 
 
+def test_web_pages_and_oversized_requests_cannot_drive_the_server(server):
+    """Issue 35: a cross-site "simple request" (text/plain, no key, a foreign Origin or Host) and a 50 MB
+    body are refused with OpenAI-style errors; the server keeps answering ordinary clients."""
+    base_url, _, _ = server
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        refusals = {
+            415: client.post("/chat/completions", content=body, headers={"Content-Type": "text/plain"}),
+            403: client.post("/chat/completions", content=body, headers={
+                "Content-Type": "application/json", "Origin": "https://evil.example"}),
+            421: client.post("/chat/completions", content=body, headers={
+                "Content-Type": "application/json", "Host": "evil.example"}),
+            413: client.post("/chat/completions", content=b'{"messages": "' + b"x" * 50_000_000 + b'"}',
+                             headers={"Content-Type": "application/json"}),
+        }
+        for status, reply in refusals.items():
+            assert reply.status_code == status and reply.json()["error"]["message"], (status, reply.text[:300])
+        assert client.post("/chat/completions", content=body, headers={"Content-Type": "application/json"}
+                           ).status_code == 200
+
+
 def test_stopping_writes_every_conversation_to_the_rollout_log(server):
     base_url, run_dir, process = server
     client = openai.OpenAI(base_url=base_url, api_key="last-words", max_retries=0)

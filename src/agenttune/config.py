@@ -116,6 +116,12 @@ class GatewayConfig(Section):
     port: int = Field(default=0, ge=0, le=65535, description="Port; 0 picks a free one.")
     tool_parser: str = Field(default="hermes", description="How tool calls are parsed from model text.")
     reasoning_parser: str | None = Field(default="think", description="Reasoning format (<think>...</think>); null: none.")
+    # Defences against careless and hostile clients (SECURITY.md lists them with agenttune serve's and logview's).
+    max_body_mib: float = Field(default=8, gt=0, description="Largest request body in MiB; larger ones get 413 before they are read.")
+    request_timeout_s: float = Field(default=30, gt=0, description="Seconds a connection has to send a whole request (408 after).")
+    keep_alive_timeout_s: float = Field(default=30, gt=0, description="Seconds an idle keep-alive connection stays open.")
+    max_connections: int = Field(default=1000, ge=1, description="Most open connections; more get 503 (at most 3/4 of the fd limit).")
+    allowed_hosts: list[str] = Field(default_factory=list, description="agenttune serve on loopback: Host/Origin names accepted besides loopback ones.")
 
 
 class RolloutConfig(Section):

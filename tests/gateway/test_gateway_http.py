@@ -149,6 +149,8 @@ async def test_refusals_are_openai_error_bodies(tokenizer, method, path, body, h
         headers = {"Authorization": f"Bearer {channel.api_key()}"} if headers is None else headers
         content = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
         async with httpx.AsyncClient() as http:
+            if content is not None:
+                headers = {**headers, "Content-Type": "application/json"}
             reply = await http.request(method, gateway.root_url + path, content=content, headers=headers)
             assert (await http.get(gateway.root_url + "/health")).status_code == 200  # still serving
     assert reply.status_code == status

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -107,11 +108,11 @@ def write_step(run_dir: Path, step: int, *, count: int = 6, validation: bool = T
 
 
 @contextmanager
-def viewer(root: Path) -> Iterator[tuple[str, httpx.Client]]:
+def viewer(root: Path, limits: Any = None) -> Iterator[tuple[str, httpx.Client]]:
     """A real viewer over `root` on a free loopback port, and an HTTP client for it."""
     from agenttune.logview.server import start_in_background
 
-    running = start_in_background(root, port=0)
+    running = start_in_background(root, port=0, limits=limits)
     try:
         with httpx.Client(base_url=running.url, timeout=10) as client:
             yield running.url, client

@@ -94,3 +94,80 @@ def test_the_canary_is_really_there_to_find(served):
     with viewer(outside) as (_, client):
         response = client.get("/api/episode", params={"file": "rollouts/step_000001_train.jsonl", "index": 0})
         assert response.status_code == 200 and CANARY in response.text
+
+
+# -- files read whole, and the connections themselves (issue 35) ---------------------------------------------
+def metrics_answer(tmp_path: Path, make_metrics) -> tuple[int, dict]:
+    """The viewer's /api/metrics answer for a run whose metrics.jsonl `make_metrics(path)` made."""
+    root = tmp_path / "root"
+    run = write_run(root / "run", steps=1, validation=False)
+    (run / "metrics.jsonl").unlink()
+    make_metrics(run / "metrics.jsonl")
+    with viewer(root) as (_, client):
+        response = client.get("/api/metrics", params={"run": "run"})
+        return response.status_code, response.json()
+
+
+def test_a_metrics_link_out_of_the_root_is_refused(tmp_path):
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text(json.dumps({"step": 1, "reward/mean": 0.5, "note": CANARY}) + "\n")
+    status, answer = metrics_answer(tmp_path, lambda path: path.symlink_to(outside))
+    assert status == 403 and "outside" in answer["error"] and CANARY not in json.dumps(answer)
+
+
+def test_a_metrics_link_to_a_device_is_refused_not_read(tmp_path):
+    status, answer = metrics_answer(tmp_path, lambda path: path.symlink_to("/dev/zero"))
+    assert status == 403, answer
+
+
+def test_a_metrics_fifo_inside_the_root_is_refused_not_waited_on(tmp_path):
+    import os
+
+    status, answer = metrics_answer(tmp_path, lambda path: os.mkfifo(path))
+    assert status == 403 and "not a regular file" in answer["error"]
+
+
+def test_a_metrics_link_inside_the_root_is_read(tmp_path):
+    """The control: a link that stays inside the root is followed."""
+    def link_inside(path: Path) -> None:
+        (path.parent / "real-metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+        path.symlink_to(path.parent / "real-metrics.jsonl")
+
+    status, answer = metrics_answer(tmp_path, link_inside)
+    assert status == 200 and answer["steps"] == 1
+
+
+def test_an_oversized_metrics_file_is_refused(tmp_path, monkeypatch):
+    from agenttune.logview import run_metrics
+
+    monkeypatch.setattr(run_metrics, "MAX_METRICS_BYTES", 1000)
+    lines = "".join(json.dumps({"step": step, "reward/mean": 0.1}) + "\n" for step in range(100))
+    status, answer = metrics_answer(tmp_path, lambda path: path.write_text(lines))
+    assert status == 413 and "larger than" in answer["error"]
+
+
+def test_pages_of_other_sites_are_refused(served):
+    _, _, client = served
+    refused = client.get("/api/runs", headers={"Origin": "http://evil.example"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden_origin"
+    assert client.get("/api/runs", headers={"Origin": str(client.base_url).rstrip("/")}).status_code == 200
+
+
+def test_idle_connections_and_connections_beyond_the_cap_are_closed(tmp_path):
+    import socket
+
+    from agenttune.webserver import ServerLimits
+
+    root = write_run(tmp_path / "run", steps=1, validation=False)
+    with viewer(root, ServerLimits(request_timeout_s=0.5, max_connections=3)) as (url, client):
+        port = httpx.URL(url).port
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+            assert extra.recv(65536).startswith(b"HTTP/1.1 503")
+        for sock in idle:  # each is answered 408 and closed by the server
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408")
+            sock.close()
+        assert client.get("/api/runs").status_code == 200

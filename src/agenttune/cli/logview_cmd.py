@@ -17,12 +17,22 @@ def logview(
     port: int = typer.Option(8181, "--port", help="Port to listen on (0: any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Anything but loopback "
                                                          "shows your rollouts to the network."),
+    allow_host: list[str] = typer.Option(None, "--allow-host", help="A host name the page may be opened under "
+                                         "besides loopback (repeatable): other Host and Origin headers are "
+                                         "refused while --host is loopback."),
+    max_connections: int = typer.Option(1000, "--max-connections", min=1,
+                                        help="Most open connections; more are answered 503."),
+    request_timeout: float = typer.Option(30.0, "--request-timeout", min=0.1,
+                                          help="Seconds a connection has to send a whole request."),
+    keep_alive_timeout: float = typer.Option(30.0, "--keep-alive-timeout", min=0.1,
+                                             help="Seconds an idle connection stays open."),
 ) -> None:
     """Serve a web page that shows runs, steps, episodes and every token of their trajectories."""
     from rich.console import Console
 
     from agenttune.logview.catalog import choose_root
     from agenttune.logview.server import exposure_warning, serve
+    from agenttune.webserver import ServerLimits
 
     root = choose_root(path)
     console = Console(stderr=True, highlight=False)
@@ -34,4 +44,6 @@ def logview(
         console.print(f"agenttune logview: serving {root}", markup=False)
         console.print(f"Open [bold]{url}[/] (Ctrl-C to stop)", markup=True)
 
-    serve(root, host=host, port=port, on_ready=ready)
+    limits = ServerLimits(request_timeout_s=request_timeout, keep_alive_timeout_s=keep_alive_timeout,
+                          max_connections=max_connections)
+    serve(root, host=host, port=port, on_ready=ready, limits=limits, allow_hosts=tuple(allow_host or ()))

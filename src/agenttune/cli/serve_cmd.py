@@ -8,11 +8,13 @@ from pathlib import Path
 import typer
 
 
-def serve_overrides(conf: Path | None, model: str | None, host: str, port: int, overrides: list[str]) -> list[str]:
+def serve_overrides(conf: Path | None, model: str | None, host: str, port: int, overrides: list[str],
+                    allow_hosts: list[str] | None = None) -> list[str]:
     """The flags as overrides, after the user's. Values are JSON-quoted: an override value is read as
     YAML, where a model directory named `007` or `yes` would become a number or a boolean."""
     model = model or (None if conf else "tiny://default")
-    flags = {"model.path": model, "gateway.host": host, "gateway.port": port}
+    flags = {"model.path": model, "gateway.host": host, "gateway.port": port,
+             "gateway.allowed_hosts": allow_hosts or None}
     return [*overrides, *(f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None)]
 
 
@@ -29,6 +31,9 @@ def serve(
                                                          "network talk to the model."),
     run_dir: Path = typer.Option(None, "--run-dir", help="Where the served conversations are recorded "
                                                          "(default runs/<project>/<experiment>/<time>)."),
+    allow_host: list[str] = typer.Option(None, "--allow-host", help="gateway.allowed_hosts: a host name clients "
+                                         "may address besides loopback (repeatable); other Host and Origin "
+                                         "headers are refused while --host is loopback."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
 ) -> None:
     """Serve the configured model and engine at an OpenAI base URL, recording every conversation."""
@@ -40,7 +45,7 @@ def serve(
     from agenttune.run import prepare_run
     from agenttune.serve import serve as serve_forever
 
-    config = load_config(conf, serve_overrides(conf, model, host, port, overrides or []))
+    config = load_config(conf, serve_overrides(conf, model, host, port, overrides or [], allow_host))
     run = prepare_run(config, run_dir)
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line each: scripts read the URL
 

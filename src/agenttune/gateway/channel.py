@@ -7,6 +7,7 @@ samples, conversation and counters.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from agenttune.gateway.transport import AsyncInProcessTransport, InProcessTransport
 
 DEFAULT_AGENT = "default"
+# What an agent name (the `KEY.agent` suffix of an API key) may be: it is stored with the samples,
+# shown in the log viewer and used in metric names, so no path separators, controls or bidi marks.
+AGENT_NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
+AGENT_NAME_RULE = "1-64 letters, digits or _ . : @ + -"
 
 
 class ChannelHost(RequestHandler, Protocol):
@@ -72,7 +77,12 @@ class EpisodeChannel:
     # -- addresses -------------------------------------------------------------------------------
     def api_key(self, agent: str | None = None) -> str:
         """The API key a client sends: the episode key, or `key.agent` to file calls under `agent`."""
-        return self.key if agent in (None, DEFAULT_AGENT) else f"{self.key}.{agent}"
+        if agent in (None, DEFAULT_AGENT):
+            return self.key
+        if not AGENT_NAME.fullmatch(agent):
+            raise ValueError(f"The agent name {agent!r} is not {AGENT_NAME_RULE} (the gateway would refuse "
+                             "its calls): name agents like 'solver' or 'critic-2'.")
+        return f"{self.key}.{agent}"
 
     @property
     def base_url(self) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -27,6 +29,10 @@ from agenttune.gateway.streaming import DeltaStream
 from agenttune.gateway.timeline import Prompt, Timeline
 from agenttune.ids import random_id
 from agenttune.parsers.base import ReasoningParser, ToolParse, ToolParser
+
+# A prompt with more text than this is rendered and tokenized in a thread, so that the event loop
+# keeps answering other calls (and /health) meanwhile; shorter ones are cheaper to do in place.
+OFF_LOOP_CHARS = 64 * 1024
 
 
 @dataclass
@@ -52,6 +58,7 @@ class ChatCompletions:
         self.stop_token_ids = (eos,) if eos is not None else ()
         self.stop_tokens = frozenset(self.stop_token_ids) | renderer.special_ids
         self.chat_mode = engine.wants_messages
+        self._renderer_thread: ThreadPoolExecutor | None = None  # one: large prompts take turns
 
     async def __call__(self, channel: EpisodeChannel, agent: str, body: Any) -> ChatResult:
         return await self.answer(channel, agent, parse_chat_request(body))
@@ -61,7 +68,7 @@ class ChatCompletions:
         timeline = channel.timeline(agent)
         timeline.in_flight += 1
         try:
-            prompt, sampling = self._prepare(channel, timeline, request)
+            prompt, sampling = await self._prepare(channel, timeline, request)
             generation, server_prompt = await self._generate(channel, request, prompt, sampling)
             if server_prompt is not None:  # chat mode: the server rendered the prompt
                 prompt = Prompt(server_prompt)
@@ -85,7 +92,7 @@ class ChatCompletions:
         timeline = channel.timeline(agent)
         timeline.in_flight += 1
         try:
-            prompt, sampling = self._prepare(channel, timeline, request)
+            prompt, sampling = await self._prepare(channel, timeline, request)
         except BaseException:
             timeline.in_flight -= 1
             raise
@@ -144,11 +151,18 @@ class ChatCompletions:
         tail = self.renderer.decode(prompt.ids[-4:]).rstrip("\n")
         return tail.endswith(self.reasoning_parser.OPEN)
 
-    def _prepare(self, channel: EpisodeChannel, timeline: Timeline,
-                 request: ChatRequest) -> tuple[Prompt, SamplingParams]:
+    async def _prepare(self, channel: EpisodeChannel, timeline: Timeline,
+                       request: ChatRequest) -> tuple[Prompt, SamplingParams]:
         self._check_turns(channel, timeline)
-        prompt = timeline.prompt_for(request)
         sampling = self._sampling(channel, request)
+        characters = self._check_text_fits(channel, request, sampling)
+        if characters > OFF_LOOP_CHARS:
+            if self._renderer_thread is None:
+                self._renderer_thread = ThreadPoolExecutor(1, thread_name_prefix="agenttune-render")
+            prompt = await asyncio.get_running_loop().run_in_executor(self._renderer_thread, timeline.prompt_for,
+                                                                      request)
+        else:
+            prompt = timeline.prompt_for(request)
         self._check_fits(channel, prompt, sampling)
         return prompt, sampling
 
@@ -182,16 +196,32 @@ class ChatCompletions:
                  "so it ends here: stop calling the model and return. Raise rollout.max_turns to allow more.",
             code="max_turns_exceeded")
 
+    def _check_text_fits(self, channel: EpisodeChannel, request: ChatRequest, sampling: SamplingParams) -> int:
+        """Refuse at once, before any rendering, messages whose text alone cannot fit the context: no token
+        is longer than the vocabulary's longest, so N characters are at least N / that many tokens.
+        Returns the number of characters."""
+        characters = sum(len(message["content"]) for message in request.messages)
+        per_token = self.renderer.max_token_chars
+        least = -(-characters // per_token) if per_token else 0
+        if least + sampling.max_tokens > self.max_model_len:
+            self._overflow(channel, f"at least {least + sampling.max_tokens} tokens (the messages' {characters} "
+                                    f"characters are at least {least} tokens, and {sampling.max_tokens} in the "
+                                    "completion)")
+        return characters
+
     def _check_fits(self, channel: EpisodeChannel, prompt: Prompt, sampling: SamplingParams) -> None:
         needed = len(prompt.ids) + sampling.max_tokens
         if needed > self.max_model_len:
-            channel.context_overflow = True
-            channel.counters["context_overflow"] = 1
-            raise GatewayError(
-                400, f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                     f"{needed} tokens ({len(prompt.ids)} in the messages, {sampling.max_tokens} in the completion). "
-                     "Please reduce the length of the messages or completion.",
-                code="context_length_exceeded", param="messages")
+            self._overflow(channel, f"{needed} tokens ({len(prompt.ids)} in the messages, {sampling.max_tokens} in "
+                                    "the completion)")
+
+    def _overflow(self, channel: EpisodeChannel, requested: str) -> None:
+        channel.context_overflow = True
+        channel.counters["context_overflow"] = 1
+        raise GatewayError(
+            400, f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                 f"{requested}. Please reduce the length of the messages or completion.",
+            code="context_length_exceeded", param="messages")
 
     async def _generate(self, channel: EpisodeChannel, request: ChatRequest, prompt: Prompt,
                         sampling: SamplingParams) -> tuple[Generation, list[int] | None]:

@@ -9,6 +9,7 @@ Messages come out as plain dicts in one shape the chat template and the timeline
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,14 @@ from agenttune.gateway.errors import bad_request
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 TEXT_PART_TYPES = {"text", "input_text", "output_text"}
 _ROLE_ALIASES = {"developer": "system", "function": "tool"}
+# Sampling values a client may send, with OpenAI's ranges (vLLM's for its extensions). The episode
+# decides how the policy samples, so the gateway does not apply them, but it refuses what no server
+# would accept: a client learns of its mistake instead of having it silently ignored.
+SAMPLING_RANGES: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0, 2), "top_p": (float, 0, 1), "presence_penalty": (float, -2, 2),
+    "frequency_penalty": (float, -2, 2), "min_p": (float, 0, 1), "repetition_penalty": (float, 0, 2),
+    "top_logprobs": (int, 0, 20), "top_k": (int, -1, 2**31 - 1), "seed": (int, -(2**63), 2**64 - 1),
+}
 _KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object",
                list: "a list", type(None): "null"}
 
@@ -55,6 +64,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request(f"{shown} is not supported: the gateway returns one choice per request "
                           "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n",
                           code="unsupported_value")
+    _check_sampling(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string.", param="model", code="invalid_type")
@@ -84,6 +94,28 @@ def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -
         raise bad_request(f"'{key}' must be {_KIND_NAMES[kind]}, not {_KIND_NAMES.get(type(value), 'that')}.",
                           param=key, code="invalid_type")
     return value
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """400 for a sampling value out of its range, with OpenAI's codes (`decimal_above_max_value`, ...)."""
+    for key in body.keys() & SAMPLING_RANGES.keys():
+        kind, low, high = SAMPLING_RANGES[key]
+        value = body[key]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
+            raise bad_request(f"Invalid type for '{key}': expected {_KIND_NAMES[kind]}, but got "
+                              f"{_KIND_NAMES.get(type(value), 'something else')} instead.", param=key,
+                              code="invalid_type")
+        if not math.isfinite(value):
+            raise bad_request(f"Invalid '{key}': {value} is not a number.", param=key, code="invalid_value")
+        word = "integer" if kind is int else "decimal"
+        if value < low:
+            raise bad_request(f"Invalid '{key}': {word} below minimum value. Expected a value >= {low:g}, but got "
+                              f"{value} instead.", param=key, code=f"{word}_below_min_value")
+        if value > high:
+            raise bad_request(f"Invalid '{key}': {word} above maximum value. Expected a value <= {high:g}, but got "
+                              f"{value} instead.", param=key, code=f"{word}_above_max_value")
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -26,6 +28,8 @@ from agenttune.gateway.errors import GatewayError, bad_request
 # Invisible separators around the reply's content: never in real text, and templates copy them as they are.
 REPLY_START = "\u2063agenttune-reply\u2063"
 REPLY_END = "\u2063agenttune-reply-end\u2063"
+PIECE_CACHE_BYTES = 64 * 2**20  # the tokenized pieces kept, counted as their text's and ids' size
+LARGEST_CACHED_PIECE = 256 * 1024  # characters; a longer piece (a pasted document) is rarely sent twice
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,10 @@ class ChatRenderer:
         self._split_ids = _splitting_tokens(tokenizer) if self._backend is not None else {}
         self._splitter = re.compile("(" + "|".join(map(re.escape, sorted(self._split_ids, key=len, reverse=True)))
                                     + ")") if self._split_ids else None
-        self._cached_piece = lru_cache(maxsize=4096)(self._encode_piece)
+        self._pieces = PieceCache(self._encode_piece, PIECE_CACHE_BYTES, LARGEST_CACHED_PIECE)
+        # The longest token's text: N characters are at least N / this many tokens (a bound that needs no
+        # tokenizing; None when the tokenizer cannot list its vocabulary).
+        self.max_token_chars = _longest_token(tokenizer)
         self._token_text = lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token], skip_special_tokens=False))
         # The Rust decoder directly, unless the Python wrapper would post-process the text.
         self._fast_decode = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
@@ -110,7 +117,7 @@ class ChatRenderer:
             if index % 2:
                 ids.append(self._split_ids[piece])
             elif piece:
-                ids += self._cached_piece(piece)
+                ids += self._pieces.get(piece)
         return ids
 
     def _encode_piece(self, text: str) -> list[int]:
@@ -126,6 +133,49 @@ class ChatRenderer:
 
     def token_text(self, token_id: int) -> str:
         return self._token_text(token_id)
+
+
+class PieceCache:
+    """Token ids of text pieces, the least recently used dropped beyond `budget` bytes (thread-safe:
+    large prompts are tokenized in a thread). Counting bytes, not entries, keeps a client that sends
+    huge pieces from filling memory: 4,096 entries of any size could hold gigabytes."""
+
+    def __init__(self, encode: Any, budget: int, largest: int):
+        self.encode, self.budget, self.largest = encode, budget, largest
+        self.size = 0
+        self._entries: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, piece: str) -> list[int]:
+        ids = self._entries.get(piece)
+        if ids is not None:  # the hot path, without the lock: each OrderedDict call is atomic
+            try:
+                self._entries.move_to_end(piece)
+            except KeyError:  # (evicted by another thread meanwhile)
+                pass
+            return ids
+        ids = self.encode(piece)
+        if len(piece) <= self.largest:
+            with self._lock:
+                if piece not in self._entries:
+                    self._entries[piece] = ids
+                    self.size += _cost(piece, ids)
+                while self.size > self.budget:
+                    old, old_ids = self._entries.popitem(last=False)
+                    self.size -= _cost(old, old_ids)
+        return ids
+
+
+def _cost(piece: str, ids: list[int]) -> int:
+    return 4 * len(piece) + 8 * len(ids) + 200  # text (up to 4 bytes a character), ids, the entry itself
+
+
+def _longest_token(tokenizer: Any) -> int | None:
+    try:
+        vocabulary = tokenizer.get_vocab()
+    except Exception:  # (a tokenizer without a listable vocabulary: no cheap bound)
+        return None
+    return max(map(len, vocabulary), default=0) or None
 
 
 def _reply_end(text: str, wrapped: str) -> int | None:

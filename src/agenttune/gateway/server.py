@@ -9,7 +9,9 @@
 
 Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`; each also under `/e/{key}`
 for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
-error shape. The HTTP server and the in-process transports call the same `handle`.
+error shape. The HTTP server and the in-process transports call the same `handle`; the HTTP server
+first applies `agenttune.webserver`'s limits (body size, content type, timeouts, connection cap and,
+for `agenttune serve`, the Host/Origin check).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import structlog
 from agenttune.config import AgentTuneConfig
 from agenttune.engines.base import InferenceEngine, SamplingParams
 from agenttune.errors import UserError
-from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
+from agenttune.gateway.channel import AGENT_NAME, AGENT_NAME_RULE, DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
 from agenttune.gateway.errors import GatewayError, bad_request
 from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
@@ -36,10 +38,20 @@ from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.reply import EVENTS, Reply
 from agenttune.gateway.responses import completion_body, completion_events, dumps
 from agenttune.loopback import is_loopback
+from agenttune.webserver import ServerLimits
+from agenttune.webserver.connections import guarded_server_class, uvicorn_config
+from agenttune.webserver.limits import MIB
+from agenttune.webserver.requests import (
+    BodyTooLarge,
+    HostCheck,
+    allowed_hosts,
+    is_json,
+    read_body,
+    send_error,
+)
 
 log = structlog.get_logger("agenttune.gateway")
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
 _NAME = re.compile(r"[A-Za-z0-9_.:@+=-]{1,40}")  # an API key that reads like a conversation's name
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or a raw UTF-16 surrogate
 
@@ -58,6 +70,7 @@ class Gateway:
             max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
             max_turns=None if open_access else config.rollout.max_turns)  # a served conversation is no episode
         self.model_name = config.model.path or "agenttune"
+        self.limits = server_limits(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
         self._channels: dict[str, EpisodeChannel] = {}
@@ -67,15 +80,16 @@ class Gateway:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> Gateway:
         """Serve HTTP on `gateway.host:gateway.port` (port 0: a free one) from this event loop."""
-        import uvicorn
-
         self.loop = asyncio.get_running_loop()
         if self._server is not None:
             return self
         settings = self.config.gateway
-        self._server = _embedded_server(uvicorn.Config(
-            build_app(self), host=settings.host, port=settings.port, log_level="warning", access_log=False,
-            lifespan="off", timeout_keep_alive=30))
+        app = build_app(self)
+        hosts = allowed_hosts(settings.host, settings.allowed_hosts) if self.open_access else None
+        if hosts is not None:  # agenttune serve answers any key: web pages must not reach it
+            app = HostCheck(app, hosts)
+        self._server = _embedded_server(uvicorn_config(app, self.limits, host=settings.host, port=settings.port,
+                                                       log_level="warning"))
         self._serving = asyncio.create_task(_serve(self._server), name="agenttune-gateway")
         while not self._server.started:
             if self._serving.done():
@@ -163,7 +177,7 @@ class Gateway:
         if route == "/chat/completions":
             _allow(method, "POST")
             channel, agent = self._channel(path_key or _header_key(headers))
-            request = parse_chat_request(_json(body))
+            request = parse_chat_request(_json(body, self.limits.max_body_bytes))
             if request.stream and self.completions.streams:
                 return Reply(200, b"", EVENTS, stream=await self.completions.stream(channel, agent, request))
             result = await self.completions.answer(channel, agent, request)
@@ -196,6 +210,10 @@ class Gateway:
             raise GatewayError(401, "Unknown or closed episode key. Send the key the episode was given "
                                     "(tuner.api_key) as the API key, or use the URL /e/{key}/v1.",
                                code="invalid_api_key")
+        if agent and not AGENT_NAME.fullmatch(agent):
+            raise GatewayError(400, f"The agent name after the '.' in the API key ({agent[:80]!r}) must be "
+                                    f"{AGENT_NAME_RULE} (KEY.agent files the calls under that agent).",
+                               code="invalid_agent_name")
         return channel, agent or DEFAULT_AGENT
 
 
@@ -228,9 +246,15 @@ def _header_key(headers: Any) -> str | None:
     return headers.get("api-key") or headers.get("x-api-key")
 
 
-def _json(body: bytes) -> Any:
-    if len(body) > MAX_BODY_BYTES:
-        raise GatewayError(413, f"The request body is larger than {MAX_BODY_BYTES // 2**20} MiB.")
+def server_limits(config: AgentTuneConfig) -> ServerLimits:
+    settings = config.gateway
+    return ServerLimits(max_body_bytes=int(settings.max_body_mib * MIB), request_timeout_s=settings.request_timeout_s,
+                        keep_alive_timeout_s=settings.keep_alive_timeout_s, max_connections=settings.max_connections)
+
+
+def _json(body: bytes, limit: int) -> Any:
+    if len(body) > limit:  # (the HTTP server refuses it before reading it; in-process clients get here)
+        raise GatewayError(413, str(BodyTooLarge(limit)), code="request_too_large")
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
@@ -256,15 +280,27 @@ def _is_text(data: Any) -> bool:
 
 def build_app(gateway: Gateway) -> Any:
     """The ASGI app: every HTTP request goes to `gateway.handle` (Starlette's request and response,
-    without a router or middleware: the gateway routes itself, and never lets an error escape)."""
-    from starlette.requests import Request
+    without a router or middleware: the gateway routes itself, and never lets an error escape).
+    A body is read only up to the size limit, and only when it says it is JSON."""
+    from starlette.datastructures import Headers
     from starlette.responses import Response, StreamingResponse
+
+    limit = gateway.limits.max_body_bytes
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":  # lifespan and websockets: nothing to do
             return
-        request = Request(scope, receive)
-        reply = await gateway.handle(request.method, scope["path"], request.headers, await request.body())
+        method = scope["method"]
+        if method == "POST" and not is_json(scope):
+            return await send_error(send, 415, "Send the request body as JSON, with the header Content-Type: "
+                                               "application/json.", code="unsupported_media_type")
+        try:
+            body = await read_body(scope, receive, limit) if method in ("POST", "PUT", "PATCH") else b""
+        except BodyTooLarge as error:
+            return await send_error(send, 413, str(error), code="request_too_large")
+        if body is None:  # the client left
+            return
+        reply = await gateway.handle(method, scope["path"], Headers(scope=scope), body)
         if reply.stream is not None:  # (a client that disconnects closes the stream: the engine drops the row)
             response: Response = StreamingResponse(reply.stream, status_code=reply.status,
                                                    media_type=reply.content_type)
@@ -285,9 +321,7 @@ async def _serve(server: Any) -> None:
 
 def _embedded_server(config: Any) -> Any:
     """A uvicorn server without its signal handlers: Ctrl-C belongs to the program that embeds the gateway."""
-    import uvicorn
-
-    class EmbeddedServer(uvicorn.Server):
+    class EmbeddedServer(guarded_server_class()):  # type: ignore[misc]
         @contextlib.contextmanager
         def capture_signals(self):
             yield

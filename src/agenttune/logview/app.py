@@ -7,8 +7,9 @@
     GET /api/episode?file=&index=   one episode's full record, as written to the rollout log
 
 Model text only ever reaches the page as JSON; the page puts it into the DOM as text. The
-Content-Security-Policy forbids inline scripts as a second line of defence, and a Host check stops
-other web sites from reading a loopback viewer through DNS rebinding.
+Content-Security-Policy forbids inline scripts as a second line of defence, and a Host and Origin
+check (`agenttune.webserver.requests.HostCheck`, shared with `agenttune serve`) stops other web sites
+from reading a loopback viewer through DNS rebinding.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agenttune.logview.catalog import Catalog, NotFound, PathRefused
+from agenttune.logview.catalog import Catalog, NotFound, PathRefused, TooLarge
 from agenttune.logview.run_metrics import MetricsReader, charts
 from agenttune.logview.step_index import FAILED, SORT_KEYS, IndexCache, Query
+from agenttune.webserver.requests import HostCheck
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000
@@ -45,7 +47,7 @@ class BadRequest(Exception):
 
 
 def create_app(root: Path, *, allowed_hosts: Iterable[str] | None = None) -> Starlette:
-    """The viewer over `root`. `allowed_hosts`: the Host names it answers to (None: any)."""
+    """The viewer over `root`. `allowed_hosts`: the Host (and Origin) names it answers to (None: any)."""
     viewer = Viewer(Catalog(root))
     routes = [
         Route("/", viewer.page),
@@ -55,12 +57,12 @@ def create_app(root: Path, *, allowed_hosts: Iterable[str] | None = None) -> Sta
         Route("/api/episode", viewer.episode),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    handlers = {PathRefused: _error(403), NotFound: _error(404), BadRequest: _error(400)}
+    handlers = {PathRefused: _error(403), NotFound: _error(404), BadRequest: _error(400), TooLarge: _error(413)}
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.viewer = viewer
     app.add_middleware(SecurityHeaders)
     if allowed_hosts is not None:
-        app.add_middleware(HostCheck, allowed=frozenset(host.lower() for host in allowed_hosts))
+        app.add_middleware(HostCheck, allowed=allowed_hosts)
     return app
 
 
@@ -170,26 +172,3 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-class HostCheck:
-    """Answers only requests addressed to an allowed host name (the port is ignored)."""
-
-    def __init__(self, app: ASGIApp, allowed: frozenset[str]):
-        self.app = app
-        self.allowed = allowed
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and host_name(scope) not in self.allowed:
-            response = JSONResponse({"error": "This log viewer answers only requests to its own address."},
-                                    status_code=421)
-            return await response(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def host_name(scope: Scope) -> str:
-    """The Host header without its port: `127.0.0.1:8181` -> `127.0.0.1`, `[::1]:8181` -> `::1`."""
-    host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1").lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

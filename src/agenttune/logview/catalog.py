@@ -2,13 +2,16 @@
 
 The root is a project directory of runs (`runs/`), one run directory, a run's `rollouts/` directory,
 or a single rollout file. Clients name runs and files by their path relative to the root; every
-name is resolved (symlinks included) and refused unless it lands inside the root.
+name is resolved (symlinks included) and refused unless it lands inside the root, and a file read
+whole (`read_regular_file`) must be a regular file under a size cap: a `metrics.jsonl` linked to
+/dev/zero or to a file elsewhere is refused, not read.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ METRICS = "metrics.jsonl"
 MAX_DEPTH = 6  # how deep below the root runs are looked for
 MAX_DIRECTORIES = 20_000  # a root like `~` must not make every refresh walk the whole disk
 SKIPPED = {"checkpoints", "__pycache__", "node_modules", "site-packages"}
+MAX_METRICS_BYTES = 256 * 2**20  # metrics.jsonl of a long run is a few MB; the viewer reads it whole
 
 
 def choose_root(path: Path | None) -> Path:
@@ -43,6 +47,10 @@ class PathRefused(Exception):
 
 
 class NotFound(Exception):
+    pass
+
+
+class TooLarge(Exception):
     pass
 
 
@@ -108,7 +116,10 @@ class Catalog:
         run = self._inside(run_id)
         if not _answers(run.is_dir):
             raise NotFound(f"No run {run_id!r}.")
-        return run / METRICS
+        path = (run / METRICS).resolve()  # the file itself may be a link
+        if not path.is_relative_to(self.root):
+            raise PathRefused(f"{run_id!r}/{METRICS} links outside the directory this viewer serves.")
+        return path
 
     def _inside(self, relative: str) -> Path:
         if not relative or "\x00" in relative:
@@ -154,6 +165,25 @@ class Catalog:
         relative = path.name if self.is_file else path.relative_to(self.root).as_posix()
         return StepFile(relative, path.name, int(match[1]) if match else None, match[2] if match else None,
                         stat.st_size, stat.st_mtime)
+
+
+def read_regular_file(path: Path, limit: int) -> bytes | None:
+    """The bytes of `path` (None when it does not exist), refused unless it is a regular file of at most
+    `limit` bytes. Checked on the open file (no race with a swap), opened without following a link or
+    waiting on a FIFO."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise PathRefused(f"{path.name} cannot be read: {error.strerror}.") from None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise PathRefused(f"{path.name} is not a regular file.")
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"{path.name} is larger than {limit // 2**20} MiB, more than the viewer reads.")
+    return data
 
 
 def _answers(check: Callable[[], bool]) -> bool:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agenttune.logview.catalog import MAX_METRICS_BYTES, read_regular_file
+
 # (title, whether values are fractions, [(metric name, label)]). Names as agenttune.rollout.metrics writes them.
 CHARTS: list[tuple[str, bool, list[tuple[str, str]]]] = [
     ("Reward", False, [("reward/mean", "train reward"), ("val/reward/mean", "validation reward")]),
@@ -37,7 +39,8 @@ class MetricsReader:
             cached = self._cache.get(path)
             if cached and cached[0] == version:
                 return cached[1]
-        records = parse_metrics(path.read_bytes())
+        data = read_regular_file(path, MAX_METRICS_BYTES)
+        records = parse_metrics(data) if data is not None else []
         with self._lock:
             self._cache[path] = (version, records)
         return records

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 
 from agenttune.errors import UserError
 from agenttune.loopback import is_loopback
+from agenttune.webserver import ServerLimits
+from agenttune.webserver.connections import guarded_server_class, uvicorn_config
+from agenttune.webserver.requests import allowed_hosts
 
 if TYPE_CHECKING:
     import uvicorn
 
 DEFAULT_PORT = 8181
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 START_TIMEOUT_S = 10.0
 
 
@@ -64,25 +66,20 @@ def url_of(sock: socket.socket, host: str) -> str:
     return f"http://{shown}:{port}/"
 
 
-def allowed_hosts(host: str) -> tuple[str, ...] | None:
-    """The Host names a loopback viewer answers to; None (any) when the user chose another address."""
-    return (*LOOPBACK_NAMES, host.lower()) if is_loopback(host) else None
-
-
-def _server(root: Path, host: str, *, log_level: str):
-    import uvicorn
-
+def _server(root: Path, host: str, *, log_level: str, limits: ServerLimits | None = None,
+            allow_hosts: tuple[str, ...] = ()):
     from agenttune.logview.app import create_app
 
-    app = create_app(root, allowed_hosts=allowed_hosts(host))
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off")
-    return uvicorn.Server(config)
+    app = create_app(root, allowed_hosts=allowed_hosts(host, allow_hosts))
+    return guarded_server_class()(uvicorn_config(app, limits or ServerLimits(), log_level=log_level))
 
 
-def serve(root: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, on_ready=print) -> None:
-    """Serve `root` until Ctrl-C. `on_ready(url)` is called once the socket listens."""
+def serve(root: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, on_ready=print,
+          limits: ServerLimits | None = None, allow_hosts: tuple[str, ...] = ()) -> None:
+    """Serve `root` until Ctrl-C. `on_ready(url)` is called once the socket listens. `allow_hosts`: Host
+    and Origin names a loopback viewer answers to besides the loopback ones."""
     sock = bind(host, port)
-    server = _server(root, host, log_level="warning")
+    server = _server(root, host, log_level="warning", limits=limits, allow_hosts=allow_hosts)
     on_ready(url_of(sock, host))
     try:
         server.run(sockets=[sock])
@@ -138,7 +135,7 @@ def _interrupted_by(*signals: signal.Signals):
 
 
 def start_in_background(root: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                        fall_back_to_free_port: bool = False) -> BackgroundViewer:
+                        fall_back_to_free_port: bool = False, limits: ServerLimits | None = None) -> BackgroundViewer:
     """Start a viewer over `root` in a thread and return once it answers."""
     try:
         sock = bind(host, port)
@@ -146,7 +143,7 @@ def start_in_background(root: Path, *, host: str = "127.0.0.1", port: int = DEFA
         if not fall_back_to_free_port:
             raise
         sock = bind(host, 0)
-    server = _server(root, host, log_level="error")
+    server = _server(root, host, log_level="error", limits=limits)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="agenttune-logview",
                               daemon=True)
     thread.start()
