@@ -1,12 +1,22 @@
-"""Per-token log-probabilities of padded sequences under a causal language model."""
+"""Per-token log-probabilities of a micro-batch under a causal language model.
+
+Two paths give the same tensors: the padded one (`local.update_path: padded`) runs the whole model on
+right-padded rows and takes its full logits; the packed one (the default) runs packed rows and scores
+the trained tokens from the hidden states in chunks (packing.py, chunked_logprobs.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from agenttune.backbones.local.batching import TrainItem
+from agenttune.backbones.local.chunked_logprobs import packed_token_logprobs
+
+if TYPE_CHECKING:
+    from agenttune.backbones.local.packing import Packing
 
 
 @dataclass
@@ -20,6 +30,7 @@ class Batch:
     sample_logprobs: torch.Tensor  # [rows, T-1]: the engine's logprobs of the targets
     advantages: torch.Tensor  # [rows]
     engine_logprobs: torch.Tensor | None = None  # [rows] bool; None: every row has the engine's logprobs
+    packing: Packing | None = None  # set: the model runs on this packed row instead (packing.py)
 
     def fill_missing_logprobs(self, logprobs: torch.Tensor) -> None:
         """Rows whose engine reported no logprobs take the trainer's own (before any update): no
@@ -69,7 +80,10 @@ def token_logprobs(
 
     Logits are divided by the sampling `temperature` (when positive) so that the probabilities match
     the distribution the rollouts were sampled from. The entropy is computed without gradient.
+    A packed batch is scored on its trained tokens only (0 elsewhere), without full logits.
     """
+    if batch.packing is not None:
+        return packed_token_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy)
     output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     logits = output.logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:
