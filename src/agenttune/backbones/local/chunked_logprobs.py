@@ -37,7 +37,7 @@ def packed_token_logprobs(
     causal = causal_lm(model)
     body, head = causal.get_decoder(), causal.get_output_embeddings()
     hidden = body(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).last_hidden_state
-    hidden = hidden[0].index_select(0, packing.scored)  # only positions whose next token is trained
+    hidden = hidden.flatten(0, 1).index_select(0, packing.scored)  # only positions whose next token is trained
     logprobs, entropy = chunked_logprobs(hidden, head, packing.targets, temperature=temperature,
                                          with_entropy=with_entropy, chunk_tokens=packing.chunk_tokens)
     shape = batch.targets.shape

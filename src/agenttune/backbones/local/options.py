@@ -32,9 +32,9 @@ class LocalOptions(Section):
     micro_batch_tokens: int = Field(default=8192, gt=0, description="Token budget of one micro-batch.")
     update_path: Literal["packed", "padded"] = Field(
         default="packed",
-        description="packed: samples end to end in one row per micro-batch (no padding, micro-batches balanced by "
-        "token count), log-probs and entropy from the hidden states in chunks, never the full logits. padded: "
-        "right-padded rows and the model's full float32 logits (the path before issue 38; docs/local.md).",
+        description="packed: samples end to end in rows (little padding, micro-batches balanced by token count), "
+        "log-probs and entropy from the hidden states in chunks, never the full logits. padded: one right-padded "
+        "row per sample and the model's full float32 logits (the previous path, kept for comparison; docs/local.md).",
     )
     logits_chunk_tokens: int = Field(
         default=1024, gt=0,

@@ -1,7 +1,7 @@
-"""Padding-free micro-batches: samples packed end to end into one row, balanced by token count.
+"""Padding-free micro-batches: samples packed end to end into rows, balanced by token count.
 
 The padded path (`local.update_path: padded`) gives every sample a row as wide as the longest one in
-its micro-batch. Here the micro-batch is one row of its samples side by side, with position ids that
+its micro-batch. Here samples sit side by side in rows of that width, with position ids that
 restart at 0 for each sample, so attention never crosses a sample boundary:
 
 - flash-attention (CUDA) reads the restarts as variable-length sequences (no mask at all);
@@ -30,17 +30,13 @@ from agenttune.backbones.local.logprobs import Batch, collate
 class Packing:
     """One packed micro-batch on the device, and where its scores go in the [samples, T-1] layout."""
 
-    input_ids: torch.Tensor  # [1, N]: the samples end to end
-    position_ids: torch.Tensor  # [1, N]: 0..len-1 per sample
-    scored: torch.Tensor  # [M]: positions in the row whose *next* token is trained
+    input_ids: torch.Tensor  # [rows, width]: samples end to end, a row as wide as the longest sample
+    position_ids: torch.Tensor  # [rows, width]: 0..len-1 per sample
+    scored: torch.Tensor  # [M]: positions (flat, row-major) whose *next* token is trained
     targets: torch.Tensor  # [M]: that next token
     rows: torch.Tensor  # [M]: the sample of each scored position
     columns: torch.Tensor  # [M]: its column in the shifted per-token layout
     chunk_tokens: int = 1024  # scored positions per chunk of logits (`local.logits_chunk_tokens`)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
 
     def unpack(self, values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """[M] scores -> [samples, T-1], 0 where nothing is trained (differentiable)."""
@@ -81,36 +77,59 @@ def _longest_first(items: list[TrainItem], count: int) -> list[list[TrainItem]]:
 
 def collate_packed(items: list[TrainItem], pad_token_id: int, device: torch.device | str, *,
                    chunk_tokens: int = 1024) -> Batch:
-    """The padded `Batch` of these items (its per-token tensors are small) plus the packed row that the
+    """The padded `Batch` of these items (its per-token tensors are small) plus the packed rows that the
     model actually runs on."""
     batch = collate(items, pad_token_id, device)
-    batch.packing = pack(items, device, chunk_tokens=chunk_tokens)
+    batch.packing = pack(items, device, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
     return batch
 
 
-def pack(items: list[TrainItem], device: torch.device | str, *, chunk_tokens: int = 1024) -> Packing:
-    input_ids: list[int] = []
-    position_ids: list[int] = []
+def pack(items: list[TrainItem], device: torch.device | str, *, pad_token_id: int = 0,
+         chunk_tokens: int = 1024) -> Packing:
+    """Rows as wide as the longest item, filled first-fit longest first.
+
+    One row per micro-batch would be ideal for variable-length (flash) attention, but sdpa and eager
+    attend over the whole row under a block-diagonal mask: rows of 1M tokens would cost 1M^2. Rows as
+    wide as the longest sample cost no more attention than the padded path and leave little padding.
+    The padding at a row's end gets its own position ids (a sample of its own) and is never scored.
+    """
+    width = max(len(item) for item in items)
+    rows: list[list[int]] = []  # item indices per row
+    free: list[int] = []
+    for index in sorted(range(len(items)), key=lambda i: len(items[i]), reverse=True):
+        row = next((r for r, room in enumerate(free) if room >= len(items[index])), None)
+        if row is None:
+            rows.append([])
+            free.append(width)
+            row = len(rows) - 1
+        rows[row].append(index)
+        free[row] -= len(items[index])
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    position_ids = torch.empty((len(rows), width), dtype=torch.long)
     scored: list[int] = []
     targets: list[int] = []
-    rows: list[int] = []
+    samples: list[int] = []
     columns: list[int] = []
-    for row, item in enumerate(items):
-        offset = len(input_ids)
-        input_ids += item.input_ids
-        position_ids += range(len(item))
-        for column in range(len(item) - 1):  # position `column` scores token `column + 1`
-            if item.loss_mask[column + 1]:
-                scored.append(offset + column)
-                targets.append(item.input_ids[column + 1])
-                rows.append(row)
-                columns.append(column)
+    for row, members in enumerate(rows):
+        offset = 0
+        for index in members:
+            item = items[index]
+            input_ids[row, offset:offset + len(item)] = torch.tensor(item.input_ids)
+            position_ids[row, offset:offset + len(item)] = torch.arange(len(item))
+            for column in range(len(item) - 1):  # position `column` scores token `column + 1`
+                if item.loss_mask[column + 1]:
+                    scored.append(row * width + offset + column)
+                    targets.append(item.input_ids[column + 1])
+                    samples.append(index)
+                    columns.append(column)
+            offset += len(item)
+        position_ids[row, offset:] = torch.arange(width - offset)
 
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
     return Packing(
-        input_ids=tensor(input_ids)[None], position_ids=tensor(position_ids)[None],
-        scored=tensor(scored), targets=tensor(targets), rows=tensor(rows), columns=tensor(columns),
+        input_ids=input_ids.to(device), position_ids=position_ids.to(device),
+        scored=tensor(scored), targets=tensor(targets), rows=tensor(samples), columns=tensor(columns),
         chunk_tokens=chunk_tokens,
     )
