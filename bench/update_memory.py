@@ -105,10 +105,12 @@ def child(args: argparse.Namespace) -> None:
     baseline = psutil.Process().memory_info().rss
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    update = (lambda: trl_update(model, trainer.optimizer, episodes)) if args.path == "trl" else (
+        lambda: trainer.step(episodes))
     times = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        metrics = trainer.step(episodes)
+        metrics = update()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
@@ -117,6 +119,31 @@ def child(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     (out / "result.json").write_text(json.dumps(result))
+
+
+def trl_update(model, optimizer, episodes) -> dict[str, float]:
+    """TRL's GRPOTrainer update, its log-prob side: the model's logits of the completion
+    (`logits_to_keep`), divided by the temperature, `selective_log_softmax` and `entropy_from_logits`
+    (trl.trainer.utils), one sample per micro-batch, then the same AdamW step. Not the whole trainer."""
+    import torch
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    optimizer.zero_grad(set_to_none=True)
+    trained = 0
+    for advantage, episode in zip((-1.0, 1.0), episodes, strict=True):
+        sample = episode.samples[0]
+        device = next(model.parameters()).device
+        input_ids = torch.tensor([sample.prompt_ids + sample.response_ids], device=device)
+        keep = len(sample.response_ids)
+        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep + 1).logits[:, :-1] / 0.7
+        logprobs = selective_log_softmax(logits, input_ids[:, -keep:])
+        with torch.no_grad():
+            entropy_from_logits(logits)
+        (-advantage * logprobs.sum() / (2 * keep)).backward()
+        trained += keep
+        del logits, logprobs
+    optimizer.step()
+    return {"train/updates": 1.0, "train/trained_tokens": float(trained)}
 
 
 # -- the parent: every (path, length) in a subprocess ----------------------------------------------
@@ -165,7 +192,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--lengths", default="1024,4096,8192,16384", help="tokens per sample")
-    parser.add_argument("--paths", default="padded,packed")
+    parser.add_argument("--paths", default="padded,packed",
+                        help="padded, packed (local.update_path) and trl (TRL's log-prob path; needs trl)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--shape", default="layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128")

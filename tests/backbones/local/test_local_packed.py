@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from test_local_grpo import make_config, make_trainer, parameters, step_episodes  # noqa: E402
 
 from agenttune.backbones.local.chunked_logprobs import chunked_logprobs  # noqa: E402
-from agenttune.backbones.local.logprobs import collate, token_logprobs  # noqa: E402
-from agenttune.backbones.local.packing import balanced_micro_batches, collate_packed, pack  # noqa: E402
+from agenttune.backbones.local.logprobs import collate, collate_packed, token_logprobs  # noqa: E402
+from agenttune.backbones.local.packing import balanced_micro_batches, pack  # noqa: E402
 
 
 def random_items(seed: int, count: int = 5, vocab: int = 300, longest: int = 40) -> list[TrainItem]:

@@ -25,23 +25,19 @@ from torch.nn import functional
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:
-    from agenttune.backbones.local.logprobs import Batch
+    from agenttune.backbones.local.packing import Packing
 
 
 def packed_token_logprobs(
-    model: torch.nn.Module, batch: Batch, *, temperature: float, with_entropy: bool
+    model: torch.nn.Module, packing: Packing, *, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`token_logprobs` for a packed batch: the same [samples, T-1] tensors, without full logits."""
-    packing = batch.packing
-    assert packing is not None
+    """Log-probs (and entropies) of the packed rows' scored targets, [M] each, without full logits."""
     causal = causal_lm(model)
     body, head = causal.get_decoder(), causal.get_output_embeddings()
     hidden = body(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).last_hidden_state
     hidden = hidden.flatten(0, 1).index_select(0, packing.scored)  # only positions whose next token is trained
-    logprobs, entropy = chunked_logprobs(hidden, head, packing.targets, temperature=temperature,
-                                         with_entropy=with_entropy, chunk_tokens=packing.chunk_tokens)
-    shape = batch.targets.shape
-    return packing.unpack(logprobs, shape), None if entropy is None else packing.unpack(entropy, shape)
+    return chunked_logprobs(hidden, head, packing.targets, temperature=temperature, with_entropy=with_entropy,
+                            chunk_tokens=packing.chunk_tokens)
 
 
 def causal_lm(model: torch.nn.Module) -> Any:
@@ -101,7 +97,7 @@ class LinearLogprobs(torch.autograd.Function):
     that recomputes each chunk's logits (so no [M, V] tensor outlives its chunk)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens, with_entropy):
         count = hidden.shape[0]
         logprobs = torch.empty(count, dtype=torch.float32, device=hidden.device)
         normaliser = torch.empty_like(logprobs)
@@ -119,7 +115,7 @@ class LinearLogprobs(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
+    def backward(ctx, grad_logprobs, _grad_entropy):
         hidden, weight, bias, targets, normaliser = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None

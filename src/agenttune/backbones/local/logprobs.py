@@ -8,15 +8,12 @@ the trained tokens from the hidden states in chunks (packing.py, chunked_logprob
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from agenttune.backbones.local.batching import TrainItem
 from agenttune.backbones.local.chunked_logprobs import packed_token_logprobs
-
-if TYPE_CHECKING:
-    from agenttune.backbones.local.packing import Packing
+from agenttune.backbones.local.packing import Packing, pack
 
 
 @dataclass
@@ -73,6 +70,15 @@ def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | st
     )
 
 
+def collate_packed(items: list[TrainItem], pad_token_id: int, device: torch.device | str, *,
+                   chunk_tokens: int = 1024) -> Batch:
+    """The padded `Batch` of these items (its per-token tensors are small) plus the packed rows that the
+    model actually runs on (packing.py)."""
+    batch = collate(items, pad_token_id, device)
+    batch.packing = pack(items, device, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
+    return batch
+
+
 def token_logprobs(
     model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -83,7 +89,10 @@ def token_logprobs(
     A packed batch is scored on its trained tokens only (0 elsewhere), without full logits.
     """
     if batch.packing is not None:
-        return packed_token_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy)
+        logprobs, entropy = packed_token_logprobs(model, batch.packing, temperature=temperature,
+                                                  with_entropy=with_entropy)
+        shape = batch.targets.shape  # back into the padded layout: the loss code sees the same tensors
+        return batch.packing.unpack(logprobs, shape), None if entropy is None else batch.packing.unpack(entropy, shape)
     output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     logits = output.logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:

@@ -31,7 +31,7 @@ class CPUOffloadAdamW(torch.optim.AdamW):
         return [p for group in self.param_groups for p in group["params"]]
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         for host, device in zip(self.host_params, self.device_params, strict=True):
             host.copy_(device)
             host.grad = None if device.grad is None else device.grad.to("cpu", torch.float32)

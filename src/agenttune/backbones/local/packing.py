@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from agenttune.backbones.local.batching import TrainItem
-from agenttune.backbones.local.logprobs import Batch, collate
 
 
 @dataclass
@@ -73,15 +72,6 @@ def _longest_first(items: list[TrainItem], count: int) -> list[list[TrainItem]]:
         groups[index].append(item)
         heapq.heappush(loads, (load + len(item), index))
     return [group for group in groups if group]
-
-
-def collate_packed(items: list[TrainItem], pad_token_id: int, device: torch.device | str, *,
-                   chunk_tokens: int = 1024) -> Batch:
-    """The padded `Batch` of these items (its per-token tensors are small) plus the packed rows that the
-    model actually runs on."""
-    batch = collate(items, pad_token_id, device)
-    batch.packing = pack(items, device, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
-    return batch
 
 
 def pack(items: list[TrainItem], device: torch.device | str, *, pad_token_id: int = 0,

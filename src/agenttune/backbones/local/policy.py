@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -105,9 +106,7 @@ def _longest_micro_batch(config: AgentTuneConfig) -> int:
 def _device_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    import psutil
-
-    return psutil.virtual_memory().total
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _with_lora(model: PreTrainedModel, config: AgentTuneConfig, *, adapter: Path | None) -> PeftModel:

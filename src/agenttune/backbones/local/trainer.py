@@ -16,11 +16,11 @@ import torch
 
 from agenttune.backbones.local.advantages import group_advantages
 from agenttune.backbones.local.batching import ItemStats, TrainItem, build_items, micro_batches
-from agenttune.backbones.local.logprobs import Batch, collate, token_logprobs
+from agenttune.backbones.local.logprobs import Batch, collate, collate_packed, token_logprobs
 from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
 from agenttune.backbones.local.offload import CPUOffloadAdamW
 from agenttune.backbones.local.options import local_options
-from agenttune.backbones.local.packing import balanced_micro_batches, collate_packed
+from agenttune.backbones.local.packing import balanced_micro_batches
 from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
