@@ -204,6 +204,18 @@ def test_a_model_that_transforms_its_logits_is_refused_with_a_hint():
         token_logprobs(trainer.model, collate_packed(random_items(2, count=1), 0, "cpu"))
 
 
+def test_packing_needs_attention_that_keeps_samples_apart(monkeypatch):
+    """Without transformers' packed-sequence mask, sdpa would let samples attend to each other: refused."""
+    from transformers import masking_utils
+
+    trainer = make_trainer(make_config())
+    batch = collate_packed(random_items(3, count=4), 0, "cpu")
+    assert batch.packing is not None and batch.packing.shared_rows
+    monkeypatch.delattr(masking_utils, "find_packed_sequence_indices")
+    with pytest.raises(UserError, match="update_path: padded"):
+        token_logprobs(trainer.model, batch)
+
+
 # -- the rest of the update ---------------------------------------------------------------------------
 def test_cpu_offloaded_adamw_gives_the_same_update():
     results = []

@@ -33,11 +33,28 @@ def packed_token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the packed rows' scored targets, [M] each, without full logits."""
     causal = causal_lm(model)
+    if packing.shared_rows and not _separates_packed_samples(causal):
+        import transformers
+
+        raise UserError(
+            f"transformers {transformers.__version__} does not keep packed samples apart under "
+            f"{causal.config._attn_implementation!r} attention (it has no masking_utils.find_packed_sequence_indices).",
+            hint="Upgrade transformers, or set local.update_path: padded.")
     body, head = causal.get_decoder(), causal.get_output_embeddings()
     hidden = body(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).last_hidden_state
     hidden = hidden.flatten(0, 1).index_select(0, packing.scored)  # only positions whose next token is trained
     return chunked_logprobs(hidden, head, packing.targets, temperature=temperature, with_entropy=with_entropy,
                             chunk_tokens=packing.chunk_tokens)
+
+
+def _separates_packed_samples(causal: Any) -> bool:
+    """Flash-attention reads restarting position ids as separate sequences; sdpa and eager need
+    transformers' block-diagonal mask built from them (recent versions only)."""
+    if "flash" in str(getattr(causal.config, "_attn_implementation", "")):
+        return True
+    from transformers import masking_utils
+
+    return hasattr(masking_utils, "find_packed_sequence_indices")
 
 
 def causal_lm(model: torch.nn.Module) -> Any:

@@ -36,6 +36,7 @@ class Packing:
     rows: torch.Tensor  # [M]: the sample of each scored position
     columns: torch.Tensor  # [M]: its column in the shifted per-token layout
     chunk_tokens: int = 1024  # scored positions per chunk of logits (`local.logits_chunk_tokens`)
+    shared_rows: bool = False  # some row holds several samples: attention must keep them apart
 
     def unpack(self, values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """[M] scores -> [samples, T-1], 0 where nothing is trained (differentiable)."""
@@ -121,5 +122,5 @@ def pack(items: list[TrainItem], device: torch.device | str, *, pad_token_id: in
     return Packing(
         input_ids=input_ids.to(device), position_ids=position_ids.to(device),
         scored=tensor(scored), targets=tensor(targets), rows=tensor(samples), columns=tensor(columns),
-        chunk_tokens=chunk_tokens,
+        chunk_tokens=chunk_tokens, shared_rows=any(len(members) > 1 for members in rows),
     )
