@@ -74,7 +74,7 @@ def child(args: argparse.Namespace) -> None:
     settings = load_config({
         "model": {"path": "tiny://bench", "max_model_len": 2 * length},
         "data": {"max_prompt_length": length, "max_response_length": length},
-        "local": {"update_path": args.path, "micro_batch_tokens": length, "gradient_checkpointing": False,
+        "local": {"update_path": "padded" if args.path == "trl" else args.path, "micro_batch_tokens": length, "gradient_checkpointing": False,
                   "logits_chunk_tokens": args.chunk_tokens},
         "trainer": {"learning_rate": 1e-4},
     })
@@ -207,6 +207,7 @@ def main() -> None:
                         help="skip the log-prob and gradient comparison (saves memory on big models)")
     parser.add_argument("--find-longest", action="store_true",
                         help="per path, double the length from the first of --lengths until an update fails")
+    parser.add_argument("--max-length", type=int, default=1 << 20, help="--find-longest stops doubling here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
@@ -278,14 +279,16 @@ def ratios(results: dict[str, dict[int, dict]], lengths: list[int]) -> dict:
 def find_longest(args: argparse.Namespace, path: str, start: int, scratch: Path) -> dict:
     """Double the length until the update fails (out of memory); the last length that trained."""
     length, longest, failure = start, None, None
-    while length <= 1 << 20:
+    while length <= args.max_length:
         result = measure(args, path, length, scratch / f"longest-{path}-{length}")
         print(f"{path} {length}: {result}", file=sys.stderr, flush=True)
         if "failed" in result:
             failure = result["failed"]
             break
         longest, length = length, 2 * length
-    return {"tokens": longest, "first_failure_at": length if failure else None, "failure": failure}
+    out_of_memory = failure is not None and "out of memory" in failure.lower()
+    return {"tokens": longest, "first_failure_at": length if failure else None, "failure": failure,
+            "out_of_memory": out_of_memory}
 
 
 if __name__ == "__main__":
