@@ -22,7 +22,8 @@ replayed as CUDA graphs; on CUDA the allocator's retries per update). `--json PA
 `wall_time_per_step_ratio`, and `agenttune_engine`). `--lora R` trains a rank-R LoRA adapter on both sides,
 `--gradient-checkpointing` turns it on for both; `--engine KEY=VALUE` sets an option of agenttune's
 `hf` engine (e.g. `--engine lean_forward=false --engine cpu_threads=2`, the engine before the lean
-forward pass and the one-thread decode); `--rollout KEY=VALUE` sets a rollout option (e.g.
+forward pass and the one-thread decode); `--local KEY=VALUE` a local-backbone option (e.g. `--local update_path=padded`, the update before
+issue 38); `--rollout KEY=VALUE` sets a rollout option (e.g.
 `--rollout workflow_processes=2`: the workflows' SDK calls and the gateway in two worker processes). Needs `trl`
 (`pip install 'agenttune[bench]'`). Other processes on the machine skew both sides alike; run it on a
 quiet machine for numbers worth quoting.
@@ -95,8 +96,9 @@ def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, flo
     _reset_peak_memory(args.device)
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
-    # --engine and --rollout as the CLI's `key.path=value` overrides (parsed and checked by config_loader)
-    overrides = [f"engine.{option}" for option in args.engine] + [f"rollout.{option}" for option in args.rollout]
+    # --engine, --rollout and --local as the CLI's `key.path=value` overrides (parsed and checked by config_loader)
+    overrides = ([f"engine.{option}" for option in args.engine] + [f"rollout.{option}" for option in args.rollout]
+                 + [f"local.{option}" for option in args.local])
     run = train_from_config(load_config(path, overrides, backbone="local"), run_dir=workdir / "agenttune-run")
     records = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     peak = _peak_memory_gib(args.device)
@@ -273,11 +275,13 @@ def main() -> None:
                         help="an option of agenttune's hf engine (repeatable), e.g. lean_forward=false")
     parser.add_argument("--rollout", action="append", default=[], metavar="KEY=VALUE",
                         help="a rollout option of agenttune's (repeatable), e.g. workflow_processes=2")
+    parser.add_argument("--local", action="append", default=[], metavar="KEY=VALUE",
+                        help="a local-backbone option of agenttune's (repeatable), e.g. update_path=padded")
     args = parser.parse_args()
     from agenttune.config_loader import parse_override
     from agenttune.errors import UserError
 
-    for option in args.engine + args.rollout:
+    for option in args.engine + args.rollout + args.local:
         try:
             parse_override(option)
         except UserError as error:

@@ -142,8 +142,9 @@ def parameters(model) -> dict[str, torch.Tensor]:
 
 
 def test_gradients_are_zero_on_loss_mask_0_tokens():
-    """The gradient reaching the logits is exactly zero at every position whose target is not trained."""
-    config = make_config(local={"micro_batch_tokens": 100_000}, algorithm={"kl_coef": 0.1})
+    """The gradient reaching the logits is exactly zero at every position whose target is not trained
+    (the padded path's full logits; the packed path never computes logits there at all)."""
+    config = make_config(local={"micro_batch_tokens": 100_000, "update_path": "padded"}, algorithm={"kl_coef": 0.1})
     trainer = make_trainer(config)
     captured = []
 

@@ -1,4 +1,9 @@
-"""Per-token log-probabilities of padded sequences under a causal language model."""
+"""Per-token log-probabilities of a micro-batch under a causal language model.
+
+Two paths give the same tensors: the padded one (`local.update_path: padded`) runs the whole model on
+right-padded rows and takes its full logits; the packed one (the default) runs packed rows and scores
+the trained tokens from the hidden states in chunks (packing.py, chunked_logprobs.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from agenttune.backbones.local.batching import TrainItem
+from agenttune.backbones.local.chunked_logprobs import packed_token_logprobs
+from agenttune.backbones.local.packing import Packing, pack
 
 
 @dataclass
@@ -20,6 +27,7 @@ class Batch:
     sample_logprobs: torch.Tensor  # [rows, T-1]: the engine's logprobs of the targets
     advantages: torch.Tensor  # [rows]
     engine_logprobs: torch.Tensor | None = None  # [rows] bool; None: every row has the engine's logprobs
+    packing: Packing | None = None  # set: the model runs on this packed row instead (packing.py)
 
     def fill_missing_logprobs(self, logprobs: torch.Tensor) -> None:
         """Rows whose engine reported no logprobs take the trainer's own (before any update): no
@@ -62,6 +70,15 @@ def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | st
     )
 
 
+def collate_packed(items: list[TrainItem], pad_token_id: int, device: torch.device | str, *,
+                   chunk_tokens: int = 1024) -> Batch:
+    """The padded `Batch` of these items (its per-token tensors are small) plus the packed rows that the
+    model actually runs on (packing.py)."""
+    batch = collate(items, pad_token_id, device)
+    batch.packing = pack(items, device, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
+    return batch
+
+
 def token_logprobs(
     model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -69,7 +86,13 @@ def token_logprobs(
 
     Logits are divided by the sampling `temperature` (when positive) so that the probabilities match
     the distribution the rollouts were sampled from. The entropy is computed without gradient.
+    A packed batch is scored on its trained tokens only (0 elsewhere), without full logits.
     """
+    if batch.packing is not None:
+        logprobs, entropy = packed_token_logprobs(model, batch.packing, temperature=temperature,
+                                                  with_entropy=with_entropy)
+        shape = batch.targets.shape  # back into the padded layout: the loss code sees the same tensors
+        return batch.packing.unpack(logprobs, shape), None if entropy is None else batch.packing.unpack(entropy, shape)
     output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     logits = output.logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:

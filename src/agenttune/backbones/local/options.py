@@ -30,7 +30,27 @@ class LocalOptions(Section):
 
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the local backbone trains.")
     micro_batch_tokens: int = Field(default=8192, gt=0, description="Token budget of one micro-batch.")
-    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    update_path: Literal["packed", "padded"] = Field(
+        default="packed",
+        description="packed: samples end to end in rows (little padding, micro-batches balanced by token count), "
+        "log-probs and entropy from the hidden states in chunks, never the full logits. padded: one right-padded "
+        "row per sample and the model's full float32 logits (the previous path, kept for comparison; docs/local.md).",
+    )
+    logits_chunk_tokens: int = Field(
+        default=1024, gt=0,
+        description="packed path: tokens whose logits exist at once (each chunk takes chunk x vocabulary x 4 bytes, "
+        "~0.6 GB at 1024 tokens and a 151,936-token vocabulary, plus as much again for its softmax).",
+    )
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Trade compute for memory (recompute each layer's activations in the backward). auto: on when "
+        "the estimated activations of the longest micro-batch exceed half the device's memory (docs/local.md).",
+    )
+    optimizer_offload: bool = Field(
+        default=False,
+        description="Keep AdamW's states (2 x the trainable weights, float32) in CPU memory and run the optimizer "
+        "step there; the GPU keeps weights and gradients only. Slower steps, for models whose optimizer would not fit.",
+    )
     lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
     lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")
     lora_target_modules: list[str] | str = Field(default="all-linear", description="Modules LoRA adapts.")

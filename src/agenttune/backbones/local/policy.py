@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -13,10 +14,13 @@ from agenttune.backbones.local.options import local_options
 from agenttune.config import AgentTuneConfig
 from agenttune.errors import UserError
 from agenttune.model_loading import resolve_model_path, torch_dtype
+from agenttune.run import get_logger
 
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedModel
+
+log = get_logger("local")
 
 Policy: TypeAlias = "PreTrainedModel | PeftModel"  # a Hugging Face model, with a LoRA adapter or not
 
@@ -57,12 +61,52 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
     weights = str(checkpoint) if checkpoint is not None and not lora else resolve_model_path(config.model.path)
     base = load_pretrained(weights, config, device)
     model: Policy = _with_lora(base, config, adapter=checkpoint) if lora else base
-    if local.gradient_checkpointing:
+    if checkpointing_wanted(config, model, device):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora:
             model.enable_input_require_grads()  # frozen embeddings would otherwise cut the graph
     model.config.use_cache = False
     return model
+
+
+def checkpointing_wanted(config: AgentTuneConfig, model: torch.nn.Module, device: torch.device) -> bool:
+    """`local.gradient_checkpointing`; with `auto`, whether the activations of the longest micro-batch
+    (a rough estimate) would take more than half the memory that weights, gradients and AdamW leave."""
+    local = local_options(config)
+    if local.gradient_checkpointing != "auto":
+        return bool(local.gradient_checkpointing)
+    needed = activation_bytes(model.config, _longest_micro_batch(config))
+    # weights; gradients; AdamW's two moments (on the CPU with optimizer_offload), in weight-sized units
+    per_trained = 2 if local.optimizer_offload else 4
+    states = sum(p.numel() * p.element_size() * (per_trained if p.requires_grad else 1) for p in model.parameters())
+    wanted = needed > (_device_memory(device) - states) / 2
+    if wanted:
+        log.info(f"local.gradient_checkpointing: auto -> on (~{needed / 2**30:.1f} GiB of activations for "
+                 f"{_longest_micro_batch(config)} tokens)")
+    return wanted
+
+
+def activation_bytes(model_config, tokens: int) -> int:
+    """What one forward keeps for the backward, per token and layer ~ 8 x hidden + 4 x intermediate values
+    (norm inputs, q/k/v, attention output, the MLP's gate, up and product), in the model's dtype.
+    Attention scores are not counted: sdpa and flash-attention keep O(tokens) there."""
+    dtype = getattr(model_config, "torch_dtype", None) or getattr(model_config, "dtype", None) or torch.float32
+    size = torch.empty(0, dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 4
+    hidden = model_config.hidden_size
+    intermediate = getattr(model_config, "intermediate_size", 4 * hidden)
+    return tokens * model_config.num_hidden_layers * (8 * hidden + 4 * intermediate) * size
+
+
+def _longest_micro_batch(config: AgentTuneConfig) -> int:
+    """A micro-batch holds up to `micro_batch_tokens`, or one sample as long as the length limits allow."""
+    prompt, response = config.data.length_limits()
+    return max(local_options(config).micro_batch_tokens, prompt + response)
+
+
+def _device_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _with_lora(model: PreTrainedModel, config: AgentTuneConfig, *, adapter: Path | None) -> PeftModel:

@@ -15,10 +15,12 @@ from contextlib import AbstractContextManager
 import torch
 
 from agenttune.backbones.local.advantages import group_advantages
-from agenttune.backbones.local.batching import ItemStats, build_items, micro_batches
-from agenttune.backbones.local.logprobs import Batch, collate, token_logprobs
+from agenttune.backbones.local.batching import ItemStats, TrainItem, build_items, micro_batches
+from agenttune.backbones.local.logprobs import Batch, collate, collate_packed, token_logprobs
 from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
+from agenttune.backbones.local.offload import CPUOffloadAdamW
 from agenttune.backbones.local.options import local_options
+from agenttune.backbones.local.packing import balanced_micro_batches
 from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
@@ -50,14 +52,18 @@ class GRPOTrainer:
         if config.algorithm.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         trainer = config.trainer
-        parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            parameters, lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
-            # CUDA: one fused kernel for the whole update (transformers' Trainer default there, and
-            # what TRL runs in bench/local_vs_trl.py), where the per-tensor loop launches ~10 kernels
-            # per parameter tensor. CPU: the per-tensor loop gives bit-identical results after a reload.
-            foreach=False, fused=self.device.type == "cuda",
-        )
+        self.trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        if local_options(config).optimizer_offload:
+            self.optimizer: torch.optim.Optimizer = CPUOffloadAdamW(
+                self.trainable, lr=trainer.learning_rate, weight_decay=trainer.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.trainable, lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
+                # CUDA: one fused kernel for the whole update (transformers' Trainer default there, and
+                # what TRL runs in bench/local_vs_trl.py), where the per-tensor loop launches ~10 kernels
+                # per parameter tensor. CPU: the per-tensor loop gives bit-identical results after a reload.
+                foreach=False, fused=self.device.type == "cuda",
+            )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_factor(trainer.lr_schedule, warmup_steps=trainer.warmup_steps, total_steps=total_steps),
@@ -86,10 +92,7 @@ class GRPOTrainer:
             was_training = self.model.training
             self.model.train()
             try:
-                metrics.update(self._update([
-                    collate(group, self.pad_token_id, self.device)
-                    for group in micro_batches(items, local_options(self.config).micro_batch_tokens)
-                ]))
+                metrics.update(self._update(self._micro_batches(items)))
             finally:
                 self.model.train(was_training)
         with warnings.catch_warnings():  # a step without an update still advances the schedule
@@ -102,6 +105,15 @@ class GRPOTrainer:
         if self.device.type == "cuda":
             metrics["perf/cuda_alloc_retries"] = float(_allocation_retries(self.device) - retries)
         return metrics
+
+    def _micro_batches(self, items: list[TrainItem]) -> list[Batch]:
+        """Packed and balanced by token count (the default), or right-padded (`local.update_path: padded`)."""
+        local = local_options(self.config)
+        if local.update_path == "padded":
+            return [collate(group, self.pad_token_id, self.device)
+                    for group in micro_batches(items, local.micro_batch_tokens)]
+        return [collate_packed(group, self.pad_token_id, self.device, chunk_tokens=local.logits_chunk_tokens)
+                for group in balanced_micro_batches(items, local.micro_batch_tokens)]
 
     def _update(self, batches: list[Batch]) -> dict[str, float]:
         local, algorithm = local_options(self.config), self.config.algorithm
@@ -185,9 +197,7 @@ class GRPOTrainer:
             stats["trained_tokens"] = stats.get("trained_tokens", 0.0) + float(mask.sum())
             if record_first_pass:
                 _record_first_pass(stats, batch, logprobs.detach(), entropy)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for group in self.optimizer.param_groups for p in group["params"]], self.config.trainer.grad_clip
-        )
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.trainer.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()
         else:  # a NaN/inf gradient would poison the weights and the optimizer moments for good
