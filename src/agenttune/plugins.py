@@ -30,6 +30,7 @@ import pluggy
 from agenttune import hookspecs
 from agenttune.component_base import NoOptions
 from agenttune.errors import PluginError, PluginWarning
+from agenttune.install_hints import component_hint
 
 if TYPE_CHECKING:
     from agenttune.backbones.base import Backbone
@@ -219,7 +220,7 @@ class PluginManager:
         broken = [info.name for info in self.plugins.values() if info.problem]
         extra = f" Broken plugins (see `agenttune plugins list`): {', '.join(broken)}." if broken else ""
         raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.{extra}",
-                          hint="Check the spelling, or install the plugin that provides it.")
+                          hint=component_hint(kind, name))
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components()[kind])

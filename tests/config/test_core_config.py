@@ -61,10 +61,21 @@ def test_astune_wrapped_file_and_arrow_references_load(write_yaml):
     assert config.task_reader.options() == {"dataset_path": "gsm8k/main"}
 
 
-def test_unknown_environment_variables_with_the_prefix_are_ignored(monkeypatch):
-    monkeypatch.setenv("AGENTTUNE_LOAD_PLUGINS", "builtins")
-    monkeypatch.setenv("AGENTTUNE_SOMETHING_ELSE", "1")
+def test_agenttune_variables_that_are_not_config_keys_are_refused_with_a_guess(monkeypatch):
+    monkeypatch.setenv("AGENTTUNE_LOAD_PLUGINS", "builtins")  # read elsewhere: allowed
     assert load_config(None).backbone == AgentTuneConfig().backbone
+    monkeypatch.setenv("AGENTTUNE_ROLLOUT_NUM_REPEAT", "4")  # one underscore: pydantic-settings would skip it
+    with pytest.raises(UserError, match="AGENTTUNE_ROLLOUT_NUM_REPEAT is not a configuration key.*did you mean "
+                                        "AGENTTUNE_ROLLOUT__NUM_REPEAT"):
+        load_config(None)
+    monkeypatch.delenv("AGENTTUNE_ROLLOUT_NUM_REPEAT")
+    monkeypatch.setenv("AGENTTUNE_ROLOUT__NUM_REPEAT", "4")  # a misspelt section
+    with pytest.raises(UserError, match="did you mean AGENTTUNE_ROLLOUT__NUM_REPEAT"):
+        load_config(None)
+    monkeypatch.delenv("AGENTTUNE_ROLOUT__NUM_REPEAT")
+    monkeypatch.setenv("AGENTTUNE_SOMETHING_ELSE", "1")
+    with pytest.raises(UserError, match="AGENTTUNE_SOMETHING_ELSE is not a configuration key"):
+        load_config(None)
 
 
 # -- mistakes --------------------------------------------------------------------------------------------

@@ -15,6 +15,14 @@ agenttune.testing.faults:FaultyJudge`) scores it:
     flaky   the engine fails the first request; the agent's client retries and goes on -> ok
     judge   the judge raises                           -> status judge_error
 
+Judge faults that need the judge in a worker process (`judge.isolation: process`, the default;
+off in PLAN, on in the soak benchmark's plan):
+
+    judge_block     an async judge blocks (time.sleep)       -> status judge_timeout
+    judge_allocate  the judge allocates without end          -> status judge_memory
+    judge_fork      the judge starts a child in a new session, then blocks -> judge_timeout, child killed
+    judge_crash     the judge's process exits (os._exit)     -> status judge_error
+
 The engine faults need `failing_generate` wrapped around the engine class's `generate` (e.g.
 `monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))`). `JOURNAL`
 records what each episode was given. `check_run` checks a finished run (every step written, no
@@ -29,6 +37,8 @@ import functools
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -42,7 +52,12 @@ from agenttune.workflow import Workflow, WorkflowOutput
 
 # What each fault must turn into; None is an episode with nothing injected.
 EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang": "timeout",
-                   "engine": "engine_error", "judge": "judge_error"}
+                   "engine": "engine_error", "judge": "judge_error", "judge_block": "judge_timeout",
+                   "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error"}
+FAILURE_CAUSES = ("workflow_error", "timeout", "engine_error", "judge_error", "judge_timeout", "judge_memory",
+                  "cancelled")
+# On the command line of every process a `judge_fork` fault starts: what an orphan hunt looks for.
+ORPHAN_MARK = "agenttune-fault-orphan"
 
 
 class InjectedFault(RuntimeError):
@@ -58,13 +73,19 @@ class FaultPlan:
     engine: float = 0.05
     flaky: float = 0.05
     judge: float = 0.05
+    judge_block: float = 0.0
+    judge_allocate: float = 0.0
+    judge_fork: float = 0.0
+    judge_crash: float = 0.0
     seed: str = "agenttune-faults-7"  # every fault occurs among the first 8 tasks x 4 repeats
 
     def fault(self, task_id: str, repeat: int) -> str | None:
         digest = hashlib.sha256(f"{self.seed}:{task_id}:{repeat}".encode()).digest()
         draw = int.from_bytes(digest[:8], "big") / 2**64
         for kind, share in (("raise", self.raise_), ("hang", self.hang), ("engine", self.engine),
-                            ("flaky", self.flaky), ("judge", self.judge)):
+                            ("flaky", self.flaky), ("judge", self.judge), ("judge_block", self.judge_block),
+                            ("judge_allocate", self.judge_allocate), ("judge_fork", self.judge_fork),
+                            ("judge_crash", self.judge_crash)):
             if draw < share:
                 return kind
             draw -= share
@@ -151,10 +172,40 @@ class FaultyJudge(Judge):
     name = "faulty"
 
     async def judge(self, judge_input: JudgeInput) -> JudgeResult:
-        if judge_input.handed.get("fault") == "judge":
+        fault = judge_input.handed.get("fault")
+        if fault == "judge":
             raise InjectedFault("the judge raised (injected)")
+        if fault is not None and fault.startswith("judge_"):
+            misbehave(fault)
         answer = str(judge_input.final_answer or "")
         return JudgeResult(reward=float(len(answer) % 2 == 0), success=len(answer) % 2 == 0)
+
+
+def misbehave(fault: str) -> None:
+    """What a judge with a `judge_*` fault does; blocking calls on purpose (the judge is async)."""
+    if fault == "judge_fork":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", ORPHAN_MARK],  # noqa: S603
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if fault in ("judge_block", "judge_fork"):
+        time.sleep(3600)
+    if fault == "judge_allocate":
+        hoard = []
+        while True:
+            hoard.append(bytearray(32 * 1024 * 1024))  # zero-filled: resident at once
+            time.sleep(0.01)
+    if fault == "judge_crash":
+        os._exit(9)
+
+
+def orphans() -> list[int]:
+    """Processes a `judge_fork` fault started that are still alive (anywhere on the machine)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if ORPHAN_MARK in (process.info["cmdline"] or []) and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process.pid)
+    return found
 
 
 def failing_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
@@ -211,7 +262,7 @@ def check_run(run_dir: Path, *, steps: list[int], episodes_per_step: int, split:
                 assert record["metrics"].get("engine_errors") == 1.0, record["metrics"]
             statuses[record["status"]] += 1
             logged.add(episode)
-        for cause in ("workflow_error", "timeout", "engine_error", "judge_error", "cancelled"):
+        for cause in FAILURE_CAUSES:
             counted = metrics[step].get(f"failures/{cause}")
             assert counted == statuses[cause], f"step {step}: failures/{cause} = {counted}, logged {statuses[cause]}"
         assert metrics[step]["failure_rate"] == sum(statuses[c] for c in statuses if c != "ok") / len(records)

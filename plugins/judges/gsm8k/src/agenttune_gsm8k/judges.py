@@ -52,6 +52,7 @@ class MathJudge(Judge):
     """Checks a math answer against the ground truth; reward, success and a format metric."""
 
     name = "math"
+    isolation = "loop"  # math-verify runs in its own worker processes, under their limits
     Options = MathJudgeOptions
 
     def __init__(self, options: MathJudgeOptions | None = None):
@@ -161,6 +162,7 @@ class MathAndLLMJudge(Judge):
     """
 
     name = "math_and_llm"
+    isolation = "loop"  # awaits the LLM judge; math-verify runs in its own workers
     Options = MathAndLLMOptions
 
     def __init__(self, options: MathAndLLMOptions | None = None):
