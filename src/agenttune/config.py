@@ -399,8 +399,11 @@ def check_lengths(config: AgentTuneConfig) -> None:
             raise UserError(f"data.{key} ({value}) is longer than model.max_model_len ({max_model_len}): no sample "
                             "the gateway lets through can be that long.",
                             hint=f"Lower data.{key}, or remove it to follow model.max_model_len.")
-    explicit = data.model_fields_set >= {"max_prompt_length", "max_response_length"}
-    if explicit and data.max_prompt_length is not None and data.max_response_length is not None:
+    # Unset, they become (max_model_len - one turn, max_model_len), deliberately overlapping: that pair (also
+    # when a dumped config is read back) is no mistake.
+    followed = (data.max_prompt_length, data.max_response_length) == (max(max_model_len - turn, 1), max_model_len)
+    both_set = data.model_fields_set >= {"max_prompt_length", "max_response_length"}
+    if both_set and not followed and data.max_prompt_length is not None and data.max_response_length is not None:
         total = data.max_prompt_length + data.max_response_length
         if total > max_model_len:
             raise UserError(f"data.max_prompt_length + data.max_response_length ({data.max_prompt_length} + "

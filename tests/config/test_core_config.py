@@ -216,15 +216,16 @@ def test_the_sources_compose_into_the_model_with_the_plugins_sections(write_yaml
 
 # -- config show / schema / docs -----------------------------------------------------------------------------
 
-def test_config_show_prints_the_resolved_yaml(run_cli, write_yaml):
-    conf = write_yaml({"rollout": {"num_repeat": 3}})
-    result = run_cli("config", "show", f"--conf={conf}", "trainer.seed=7")
+def test_config_show_prints_the_resolved_yaml(run_cli, monkeypatch):
+    monkeypatch.chdir(REPO / "tests" / "config" / "bad_configs")  # a complete config: show resolves every reference
+    conf = "valid.yaml"
+    result = run_cli("config", "show", f"--conf={conf}", "trainer.seed=7", "rollout.num_repeat=3")
     assert result.exit_code == 0, result.output
     shown = yaml.safe_load(result.stdout)
     assert shown["rollout"]["num_repeat"] == 3
     assert shown["trainer"]["seed"] == 7
-    assert shown["model"]["max_model_len"] == AgentTuneConfig().model.max_model_len
-    resolved = load_config(conf, ["trainer.seed=7"])
+    assert shown["model"]["max_model_len"] == 1024 and shown["rollout"]["top_p"] == AgentTuneConfig().rollout.top_p
+    resolved = load_config(conf, ["trainer.seed=7", "rollout.num_repeat=3"])
     assert type(resolved).model_validate(shown).model_dump() == resolved.model_dump()  # complete and valid
 
 

@@ -181,10 +181,8 @@ class JudgeProcesses:
                 pass
         for worker in workers:
             await asyncio.to_thread(worker.process.join, STOP_TIMEOUT_S)
-            if worker.process.exitcode is None:  # (an exited worker's pid may already be another process's)
-                process_tree.kill_tree(worker.process.pid or 0)
             worker.alive = False
-            worker.pipe.close()
+            _end(worker)
 
     # -- one call ------------------------------------------------------------------------------------------
     async def _watch(self, worker: _Worker, judge_input: JudgeInput) -> Any:
@@ -226,7 +224,7 @@ class JudgeProcesses:
         raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge raised {value}")
 
     def _kill(self, worker: _Worker, status: EpisodeStatus, message: str) -> JudgeCallFailed:
-        killed = process_tree.kill_tree(worker.process.pid or 0) if worker.process.exitcode is None else 0
+        killed = process_tree.kill_descendants(worker.process.pid or 0) if worker.process.exitcode is None else 0
         self._retire(worker)
         killed_what = f"its worker process and {killed} process(es) it started were" if killed else "its worker process was"
         return JudgeCallFailed(status, f"{message}; {killed_what} killed")
@@ -234,9 +232,7 @@ class JudgeProcesses:
     def _retire(self, worker: _Worker) -> None:
         if worker.alive:
             worker.alive = False
-            if worker.process.exitcode is None:
-                process_tree.kill_tree(worker.process.pid or 0)
-            worker.pipe.close()
+            _end(worker)
             self._all.remove(worker)
 
     # -- the pool ------------------------------------------------------------------------------------------
@@ -267,6 +263,17 @@ class JudgeProcesses:
             self._retire(worker)
             raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge's worker process failed to start: {value}")
         return worker
+
+
+def _end(worker: _Worker) -> None:
+    """Kill a worker's tree (descendants first, while it still adopts their orphans), reap it, free its fds."""
+    if worker.process.exitcode is None:  # (an exited worker's pid may already be another process's)
+        process_tree.kill_descendants(worker.process.pid or 0)
+        worker.process.kill()
+        worker.process.join(STOP_TIMEOUT_S)
+    worker.pipe.close()
+    if worker.process.exitcode is not None:
+        worker.process.close()
 
 
 # -- inside a worker -------------------------------------------------------------------------------------------

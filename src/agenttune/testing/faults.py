@@ -23,6 +23,9 @@ off in PLAN, on in the soak benchmark's plan):
     judge_fork      the judge starts a child in a new session, then blocks -> judge_timeout, child killed
     judge_crash     the judge's process exits (os._exit)     -> status judge_error
 
+And one more workflow fault, also off in PLAN: `drop` streams its answer, closes the connection
+after the first chunk and raises (status workflow_error). SOAK_PLAN turns every fault on.
+
 The engine faults need `failing_generate` wrapped around the engine class's `generate` (e.g.
 `monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))`). `JOURNAL`
 records what each episode was given. `check_run` checks a finished run (every step written, no
@@ -53,7 +56,8 @@ from agenttune.workflow import Workflow, WorkflowOutput
 # What each fault must turn into; None is an episode with nothing injected.
 EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang": "timeout",
                    "engine": "engine_error", "judge": "judge_error", "judge_block": "judge_timeout",
-                   "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error"}
+                   "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error",
+                   "drop": "workflow_error"}
 FAILURE_CAUSES = ("workflow_error", "timeout", "engine_error", "judge_error", "judge_timeout", "judge_memory",
                   "cancelled")
 # On the command line of every process a `judge_fork` fault starts: what an orphan hunt looks for.
@@ -77,6 +81,7 @@ class FaultPlan:
     judge_allocate: float = 0.0
     judge_fork: float = 0.0
     judge_crash: float = 0.0
+    drop: float = 0.0
     seed: str = "agenttune-faults-7"  # every fault occurs among the first 8 tasks x 4 repeats
 
     def fault(self, task_id: str, repeat: int) -> str | None:
@@ -85,7 +90,7 @@ class FaultPlan:
         for kind, share in (("raise", self.raise_), ("hang", self.hang), ("engine", self.engine),
                             ("flaky", self.flaky), ("judge", self.judge), ("judge_block", self.judge_block),
                             ("judge_allocate", self.judge_allocate), ("judge_fork", self.judge_fork),
-                            ("judge_crash", self.judge_crash)):
+                            ("judge_crash", self.judge_crash), ("drop", self.drop)):
             if draw < share:
                 return kind
             draw -= share
@@ -93,6 +98,10 @@ class FaultPlan:
 
 
 PLAN = FaultPlan()
+# Every fault at once, 40 % of the episodes in all (bench/soak.py).
+SOAK_PLAN = FaultPlan(raise_=0.05, hang=0.03, engine=0.04, flaky=0.04, judge=0.04, judge_block=0.04,
+                      judge_allocate=0.03, judge_fork=0.03, judge_crash=0.03, drop=0.07,
+                      seed="agenttune-soak-77")  # every fault at least twice among 16 tasks x 4 repeats
 
 
 class Journal:
@@ -151,6 +160,8 @@ class FaultyWorkflow(Workflow):
             raise InjectedFault("the workflow raised (injected)")
         if fault == "hang":
             await asyncio.sleep(3600)
+        if fault == "drop":
+            await self.drop_mid_stream(task, tuner)
         answer = await self.ask(task, tuner)
         tuner.update_judge_input_dictionary(final_answer=answer)
         return WorkflowOutput(metadata={"final_answer": answer, "fault": fault})
@@ -158,12 +169,27 @@ class FaultyWorkflow(Workflow):
     async def setup(self, task, tuner) -> None:
         """Runs before the fault strikes (subclasses acquire resources here, e.g. an environment)."""
 
+    async def drop_mid_stream(self, task, tuner) -> None:
+        client = tuner.as_async_openai_client(max_retries=0)
+        stream = await client.chat.completions.create(
+            model=tuner.model_name, messages=[{"role": "user", "content": task.query or task.task_id}], stream=True)
+        async for _ in stream:
+            break
+        await stream.close()  # the connection goes away with the reply half sent
+        raise InjectedFault("the workflow dropped its connection mid-stream (injected)")
+
     async def ask(self, task, tuner) -> str:
         # One retry, as agents' clients usually have: it rides out a flaky engine, not a broken one.
         client = tuner.as_async_openai_client(max_retries=1)
         reply = await client.chat.completions.create(
             model=tuner.model_name, messages=[{"role": "user", "content": task.query or task.task_id}])
         return reply.choices[0].message.content or ""
+
+
+class SoakWorkflow(FaultyWorkflow):
+    """FaultyWorkflow with every fault on (SOAK_PLAN)."""
+
+    plan = SOAK_PLAN
 
 
 class FaultyJudge(Judge):
