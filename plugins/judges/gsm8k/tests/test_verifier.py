@@ -49,6 +49,14 @@ def test_a_pathological_answer_is_stopped_and_the_next_one_still_works() -> None
         assert verifier.compare("72", r"\boxed{72}").equal is True  # a fresh worker took over
 
 
+def test_an_answer_that_needs_more_memory_than_allowed_is_undecided_and_the_worker_goes_on() -> None:
+    # 2^(2^31) is a 256 MB integer, which sympy computes when it reads the answer.
+    with MathVerifier(timeout=30.0, max_workers=1, memory_mb=128) as verifier:
+        verdict = verifier.compare("1", r"\boxed{2^{2^{31}}}")
+        assert verdict.equal is None and "memory" in verdict.reason, verdict
+        assert verifier.compare("72", r"\boxed{72}").equal is True
+
+
 def test_concurrent_calls_from_threads(verifier: MathVerifier) -> None:
     results: dict[int, bool | None] = {}
 

@@ -46,6 +46,8 @@ class MathJudgeOptions(BaseModel):
     use_math_verify: bool = Field(default=True, description="Compare with math-verify; false: strict only.")
     verify_timeout: float = Field(default=5.0, gt=0, description="Seconds math-verify may spend on one answer.")
     verify_workers: int = Field(default=2, gt=0, description="math-verify worker processes (comparisons at once).")
+    verify_memory_mb: int = Field(default=1024, gt=0, description="Memory (MB) a math-verify worker may add for one "
+                                                                  "comparison; past it the verdict is undecided.")
 
 
 class MathJudge(Judge):
@@ -58,7 +60,8 @@ class MathJudge(Judge):
     def __init__(self, options: MathJudgeOptions | None = None):
         super().__init__(options)
         self.options: MathJudgeOptions
-        self.verifier = (MathVerifier(self.options.verify_timeout, self.options.verify_workers)
+        self.verifier = (MathVerifier(self.options.verify_timeout, self.options.verify_workers,
+                                      memory_mb=self.options.verify_memory_mb)
                          if self.options.use_math_verify else None)
 
     def judge(self, judge_input: JudgeInput) -> JudgeResult:
