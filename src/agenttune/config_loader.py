@@ -77,8 +77,8 @@ def _yaml_problem(path: str, error: yaml.YAMLError, text: str) -> tuple[str, str
                 f"{opened.column + 1} is not closed (the parser ran on to line {mark.line + 1}: {problem}).",
                 f"Close it on line {opened.line + 1}: a quote needs its closing quote, a [ or {{ its ] or }}.")
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    unbalanced = _unbalanced_quote_line(text, mark.line if mark is not None else 0)
-    if unbalanced is not None:
+    unbalanced = _unbalanced_quote_line(text, mark.line) if mark is not None else None
+    if unbalanced is not None and mark is not None:
         return (f"Config file {path!r} is not valid YAML{where}: {problem}; the double quote opened at line "
                 f"{unbalanced} is not closed on its line, so everything up to line {mark.line + 1} was read as one "
                 "string.", f"Close the quote on line {unbalanced}.")

@@ -289,19 +289,24 @@ def serve_judge(sock: socket.socket, judge_cls: type[Judge], options: Any, memor
         return
     channel.send(("ready", None))
     while (judge_input := channel.receive()) is not None:
+        reply = _answer(judge, judge_input)  # sent once the call's frames (and what they hold) are gone
         try:
-            channel.send(("ok", _run_to_completion(judge.judge, judge_input)))
-        except MemoryError as error:
-            channel.send(("memory", describe(error)))
-        except BaseException as error:  # SystemExit in a judge is its error, not the worker's end
-            try:
-                channel.send(("error", describe(error)))
-            except Exception:  # noqa: S110 - the parent is gone: nothing to tell
-                return
+            channel.send(reply)
+        except OSError:  # the parent is gone: nothing to tell
+            return
     try:
         _run_to_completion(judge.aclose)
     except Exception:  # noqa: S110 - closing clients at exit: nothing useful to report
         pass
+
+
+def _answer(judge: Judge, judge_input: Any) -> tuple[str, Any]:
+    try:
+        return "ok", _run_to_completion(judge.judge, judge_input)
+    except MemoryError as error:  # no traceback text: the traceback still holds what filled the memory
+        return "memory", f"MemoryError: {error}"
+    except BaseException as error:  # SystemExit in a judge is its error, not the worker's end
+        return "error", describe(error)
 
 
 class _BlockingPipe:
