@@ -131,8 +131,9 @@ class _Worker:
 class JudgeProcesses:
     """Up to `judge.workers` processes, each running one judge call at a time.
 
-    Workers start at first use and are replaced after a kill. `await call(judge_input)` returns the
-    judge's value or raises JudgeCallFailed; `await stop()` ends them all (and anything they left).
+    `await start()` starts them (else they start at first use); a killed one is replaced at the next
+    call. `await call(judge_input)` returns the judge's value or raises JudgeCallFailed; `await
+    stop()` ends them all (and anything they left running).
     """
 
     def __init__(self, judge: Judge, config: JudgeConfig):
@@ -224,7 +225,11 @@ class JudgeProcesses:
         raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge raised {value}")
 
     def _kill(self, worker: _Worker, status: EpisodeStatus, message: str) -> JudgeCallFailed:
-        killed = process_tree.kill_descendants(worker.process.pid or 0) if worker.process.exitcode is None else 0
+        """Kill the worker's tree (unless it died by itself) and say so in the failure."""
+        if worker.process.exitcode is not None:
+            self._retire(worker)
+            return JudgeCallFailed(status, message)
+        killed = process_tree.kill_descendants(worker.process.pid or 0)
         self._retire(worker)
         killed_what = f"its worker process and {killed} process(es) it started were" if killed else "its worker process was"
         return JudgeCallFailed(status, f"{message}; {killed_what} killed")
