@@ -124,7 +124,8 @@ def preflight(config: AgentTuneConfig) -> Components:
             raise UserError(f"task_reader: split {split!r} holds no tasks, so there is nothing to run.",
                             hint="Check the data file (or dataset) for that split, or the split name.")
     component_options(engine_class(config), config.engine, "engine")
-    check_model(config)
+    if config.model.path:  # a backbone that needs a model says so itself when it is unset (backbone.check)
+        check_model(config)
     return components
 
 

@@ -419,13 +419,18 @@ def check_lengths(config: AgentTuneConfig) -> None:
                         hint="Lower data.train_batch_size or rollout.num_repeat.")
 
 
+# The backbones that train with `algorithm.adv_estimator` (the others, debug included, only roll out or
+# bring their own objective).
+GRPO_BACKBONES = frozenset({"local", "verl", "trinity"})
+
+
 def check_training_signal(config: AgentTuneConfig) -> None:
     """Configurations that would run every step and train nothing: refused before the first one.
 
     Not part of validation: rollouts without training (the debug backbone, the rollout engine on its
     own) may use them.
     """
-    if config.backbone != "debug" and config.algorithm.adv_estimator == "grpo" and config.rollout.num_repeat < 2:
+    if config.backbone in GRPO_BACKBONES and config.algorithm.adv_estimator == "grpo" and config.rollout.num_repeat < 2:
         raise UserError("rollout.num_repeat is 1 with algorithm.adv_estimator grpo: every group holds one episode, "
                         "so every advantage is 0 and no step would train anything.",
                         hint="Set rollout.num_repeat to 2 or more (4 to 16 is common), or use --backbone debug to "

@@ -127,7 +127,7 @@ class RolloutEngine:
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
         await self._start_processes()
         if self._judge_processes is not None:
-            await self._judge_processes.start()
+            await self._judge_processes.start(len(tasks) * num_repeat)
 
         async def in_slot(task: Task, group_id: str, repeat_index: int) -> Episode:
             async with slots:

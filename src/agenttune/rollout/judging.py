@@ -144,9 +144,10 @@ class JudgeProcesses:
         self._all: list[_Worker] = []
         self._context = multiprocessing.get_context("spawn")  # fork would copy the trainer's threads and CUDA
 
-    async def start(self) -> None:
-        """Start every worker now (a run does, before its first episode), so that no call waits for one."""
-        missing = self.config.workers - len(self._idle)
+    async def start(self, needed: int | None = None) -> None:
+        """Start the workers now (up to `needed`: a batch's episodes), before the first episode, so that
+        no call's clock runs while one starts."""
+        missing = min(self.config.workers, needed or self.config.workers) - len(self._all)
         results = await asyncio.gather(*(self._spawn() for _ in range(missing)), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
