@@ -42,6 +42,8 @@ class FileTaskReaderOptions(ColumnOptions):
 class FileTaskReader(TaskReader):
     """Reads tasks from JSONL, JSON (a list of objects) or Parquet files."""
 
+    reads_locally = True
+
     name: ClassVar[str] = "file"
     Options: ClassVar[type[FileTaskReaderOptions]] = FileTaskReaderOptions
     options: FileTaskReaderOptions
