@@ -303,6 +303,7 @@ def check_run(run_dir: Path, *, steps: list[int], episodes_per_step: int, split:
 # Threads libraries keep for the life of the process, not left behind by a run: tqdm's monitor
 # (started by transformers' "Loading weights" bar) lives on once started.
 LIBRARY_THREADS = frozenset({"tqdm_monitor"})
+LIBRARY_PROCESS = "multiprocessing.resource_tracker"
 
 
 @dataclass
@@ -328,8 +329,10 @@ class Snapshot:
             time.sleep(0.1)
 
     def new_children(self) -> dict[int, str]:
-        """Child processes started since and still alive: pid -> command line."""
-        return {pid: command for pid, command in child_processes().items() if pid not in self.children}
+        """Child processes started since and still alive: pid -> command line (multiprocessing's resource
+        tracker, started with the first worker process and kept for the life of the interpreter, aside)."""
+        return {pid: command for pid, command in child_processes().items()
+                if pid not in self.children and LIBRARY_PROCESS not in command}
 
 
 def child_processes() -> dict[int, str]:
