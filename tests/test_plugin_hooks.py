@@ -299,7 +299,7 @@ def config(write_yaml, tmp_path):
     tasks.write_text("".join(json.dumps({"query": f"question {n}"}) + "\n" for n in range(2)))
 
     def write(**sections: Any) -> Path:
-        data = {"model": {"path": "tiny://default", "max_model_len": 1024},
+        data = {"backbone": "debug", "model": {"path": "tiny://default", "max_model_len": 1024},
                 "workflow": reference_for(AnswerWorkflow),
                 "task_reader": {"type": "file", "path": str(tasks)},
                 "engine": {"type": "fixed"},

@@ -1,8 +1,10 @@
 """Resolve the components a config names, before any heavy work starts.
 
 `resolve(config)` checks that the backbone, agent framework, task reader, workflow and judge all exist
-and load, validates each component's options, and returns them together. Every failure is a
-`UserError` naming the config key.
+and load, validates each component's options, and returns them together. `preflight(config)` adds
+what else a run needs before it loads weights: the engine's options, the model directory's config and
+its tokenizer. `agenttune train` and `agenttune config check` both run `preflight`, so they refuse a
+config with the same message. Every failure is a `UserError` naming the config key.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
+from agenttune.config import AgentTuneConfig, check_training_signal
 from agenttune.config_loader import component_options
 from agenttune.engines.base import InferenceEngine
 from agenttune.errors import UserError
+from agenttune.model_loading import load_tokenizer, resolve_model_path
 from agenttune.plugins import get_component
 from agenttune.references import load_reference
+from agenttune.run import get_logger
 from agenttune.workflow import Workflow
 
 
@@ -107,3 +111,37 @@ def build_engine(config: AgentTuneConfig, tokenizer: Any, model: Any = None) -> 
     engine_cls = engine_class(config)
     options = component_options(engine_cls, config.engine, "engine")
     return engine_cls.from_config(config, options, tokenizer, model=model)
+
+
+def preflight(config: AgentTuneConfig) -> Components:
+    """Every reference a run needs, resolved without loading the model's weights (see the module doc),
+    and a config that would train nothing refused."""
+    check_training_signal(config)
+    components = resolve(config)
+    reader = components.task_reader()
+    for split in configured_splits(config) if getattr(reader, "reads_locally", False) else ():
+        for _ in reader.read(split):  # every row: a broken line or a missing column fails here, not mid-run
+            pass
+    component_options(engine_class(config), config.engine, "engine")
+    if config.model.path:  # a backbone that needs a model says so itself when it is unset (backbone.check)
+        check_model(config)
+    return components
+
+
+def check_model(config: AgentTuneConfig) -> None:
+    """The model directory's config (architecture, context length) and its tokenizer load."""
+    from transformers import AutoConfig
+
+    source = resolve_model_path(config.model.path)
+    try:
+        model_config = AutoConfig.from_pretrained(source, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise UserError(f"model.path: cannot read the model's config from {source!r}: {error}",
+                        hint="Point model.path at a model directory with a config.json, or a Hugging Face model "
+                             "id.") from error
+    load_tokenizer(config.model)
+    window = getattr(model_config, "max_position_embeddings", None)
+    if isinstance(window, int) and config.model.max_model_len > window:
+        get_logger("config").warning(
+            "model.max_model_len is longer than the model's context window", max_model_len=config.model.max_model_len,
+            max_position_embeddings=window, hint="lower model.max_model_len unless the model extrapolates (RoPE scaling)")

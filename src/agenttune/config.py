@@ -32,6 +32,12 @@ from agenttune.rollout_correction import RolloutCorrectionOptions
 SectionModel = TypeVar("SectionModel", bound=BaseModel)
 
 MadnessCheck = Literal["nonsense", "wrong_toolcall"]
+
+# Bounds that catch a typo'd extra digit before it becomes a hang (every episode of a step is
+# created up front) or an allocation that cannot succeed. Far above any real run.
+MAX_MODEL_LEN = 16 * 1024 * 1024  # tokens; the longest context windows are ~10M
+MAX_REPEAT = 4096  # episodes per task per step
+MAX_EPISODES_PER_STEP = 1_000_000  # train_batch_size x num_repeat, and episodes at once
 MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
 
 
@@ -94,7 +100,21 @@ class JudgeConfig(ComponentSection):
         description="'module:Class' of a Judge subclass (ASTune's key); implies type 'custom'.",
     )
     always_run: bool = Field(default=False, description="Run the judge even when the workflow set a reward.")
-    timeout: float = Field(default=60.0, gt=0, description="Seconds a judge may take per episode.")
+    timeout: float = Field(default=60.0, gt=0, le=86400,
+                           description="Seconds a judge may take per episode; past it the episode ends judge_timeout "
+                                       "(and, isolated in a process, the judge's whole process tree is killed).")
+    isolation: Literal["process", "thread"] = Field(
+        default="process",
+        description="Where the judge's code runs: process (worker processes: timeout, memory limit and process-tree "
+                    "kill enforced) or thread (a thread of the trainer: timeout only, the thread is abandoned). "
+                    "Built-in judges that only await I/O run on the event loop whatever this says. See "
+                    "docs/reliability.md.")
+    workers: int = Field(default=4, ge=1, le=256, description="Judge worker processes (judge.isolation: process); "
+                                                              "each runs one call at a time.")
+    memory_limit_mb: float = Field(
+        default=4096, gt=0, le=1024 * 1024,
+        description="Most resident memory (MB) a judge worker and all its descendants may use; past it the episode "
+                    "ends judge_memory and the worker's process tree is killed (judge.isolation: process).")
 
 
 class EngineConfig(ComponentSection):
@@ -104,7 +124,8 @@ class EngineConfig(ComponentSection):
 class ModelConfig(Section):
     path: str = Field(default="", description="Hugging Face model id or local directory of the model to train.")
     tokenizer: str | None = Field(default=None, description="Tokenizer path, when it differs from `path`.")
-    max_model_len: int = Field(default=4096, gt=0, description="Longest prompt + response the model accepts.")
+    max_model_len: int = Field(default=4096, gt=0, le=MAX_MODEL_LEN,
+                               description="Longest prompt + response the model accepts.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
     )
@@ -125,8 +146,9 @@ class GatewayConfig(Section):
 
 
 class RolloutConfig(Section):
-    num_repeat: int = Field(default=4, gt=0, description="Episodes per task per step (the GRPO group size).")
-    max_env_worker: int = Field(default=16, gt=0, description="Most episodes run at once.")
+    num_repeat: int = Field(default=4, gt=0, le=MAX_REPEAT,
+                            description="Episodes per task per step (the GRPO group size).")
+    max_env_worker: int = Field(default=16, gt=0, le=MAX_EPISODES_PER_STEP, description="Most episodes run at once.")
     workflow_processes: int = Field(
         default=1, ge=1, le=256,
         description="Processes that run workflows (1: the trainer's own). More give agents and the gateway's "
@@ -137,11 +159,13 @@ class RolloutConfig(Section):
     top_k: int = Field(default=-1, description="Top-k sampling; -1 disables it.")
     val_temperature: float = Field(default=0.0, ge=0, description="Temperature for validation (0 = greedy).")
     max_turns: int = Field(
-        default=8, gt=0, description="Most model calls per agent per episode: the gateway refuses the next one "
+        default=8, gt=0, le=100_000, description="Most model calls per agent per episode: the gateway refuses the next one "
                                      "(400 max_turns_exceeded, status turn_limit). Workflows also use it to bound "
                                      "their environment steps.")
-    max_response_length_in_one_turn: int = Field(default=512, gt=0, description="Most new tokens per LLM call.")
-    episode_timeout: float = Field(default=300.0, gt=0, description="Seconds before an episode is stopped and marked timeout.")
+    max_response_length_in_one_turn: int = Field(default=512, gt=0, le=MAX_MODEL_LEN,
+                                                  description="Most new tokens per LLM call (less than model.max_model_len).")
+    episode_timeout: float = Field(default=300.0, gt=0, le=7 * 86400,
+                                   description="Seconds before an episode is stopped and marked timeout.")
     agent_madness_reward: float = Field(default=0.0, description="Reward given to an episode when a madness check fires.")
     context_overflow_reward: float | None = Field(
         default=None, description="Reward of an episode that ended because its conversation outgrew "
@@ -158,14 +182,16 @@ class RolloutConfig(Section):
 
 
 class DataConfig(Section):
-    train_batch_size: int = Field(default=8, gt=0, description="Tasks per training step (each run num_repeat times).")
-    val_batch_size: int | None = Field(default=None, gt=0, description="Tasks per validation batch; none: the whole split.")
+    train_batch_size: int = Field(default=8, gt=0, le=MAX_EPISODES_PER_STEP,
+                                  description="Tasks per training step (each run num_repeat times).")
+    val_batch_size: int | None = Field(default=None, gt=0, le=MAX_EPISODES_PER_STEP,
+                                       description="Tasks per validation batch; none: the whole split.")
     max_prompt_length: int | None = Field(
-        default=None, gt=0, description="Longest prompt (tokens) a trained sample may have; none: model.max_model_len - "
+        default=None, gt=0, le=MAX_MODEL_LEN, description="Longest prompt (tokens) a trained sample may have; none: model.max_model_len - "
                                         "rollout.max_response_length_in_one_turn. Longer merged samples are split at "
                                         "call boundaries, never cut.")
     max_response_length: int | None = Field(
-        default=None, gt=0, description="Longest merged response (tokens) a trained sample may have; none: "
+        default=None, gt=0, le=MAX_MODEL_LEN, description="Longest merged response (tokens) a trained sample may have; none: "
                                         "model.max_model_len (nothing the gateway let through is split).")
     shuffle: bool = Field(default=True, description="Shuffle the train split every epoch (seeded).")
 
@@ -196,8 +222,9 @@ class AlgorithmConfig(Section):
 
 
 class TrainerConfig(Section):
-    total_epochs: int = Field(default=1, gt=0, description="Passes over the train split.")
-    total_steps: int | None = Field(default=None, gt=0, description="Stop after this many steps (overrides epochs).")
+    total_epochs: int = Field(default=1, gt=0, le=1_000_000, description="Passes over the train split.")
+    total_steps: int | None = Field(default=None, gt=0, le=1_000_000_000,
+                                    description="Stop after this many steps (overrides epochs).")
     learning_rate: float = Field(default=1e-6, gt=0, description="Peak learning rate.")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(default="constant", description="Learning-rate schedule.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
@@ -302,7 +329,9 @@ class AgentTuneConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _length_limits_from_the_model(self) -> AgentTuneConfig:
-        """Unset training length limits follow the model's: a merged sample is never cut by default."""
+        """Unset training length limits follow the model's: a merged sample is never cut by default.
+        Set ones must fit the model (a UserError naming both keys, raised as one paragraph)."""
+        check_lengths(self)
         if self.data.max_prompt_length is None:
             room = self.model.max_model_len - self.rollout.max_response_length_in_one_turn
             self.data.max_prompt_length = max(room, 1)
@@ -378,3 +407,66 @@ def _unpickled(sections: SectionList, state: dict[str, Any]) -> AgentTuneConfig:
 
 def _first_line(text: str | None) -> str | None:
     return text.strip().splitlines()[0] if text and text.strip() else None
+
+
+def check_lengths(config: AgentTuneConfig) -> None:
+    """Counts and lengths that are each valid but impossible together; a UserError naming both keys."""
+    max_model_len, turn = config.model.max_model_len, config.rollout.max_response_length_in_one_turn
+    data = config.data
+    if turn >= max_model_len:
+        raise UserError(f"rollout.max_response_length_in_one_turn ({turn}) must be less than model.max_model_len "
+                        f"({max_model_len}): every model call reserves that many new tokens, and the prompt needs room "
+                        "too, so the gateway would refuse every call that does not set max_tokens.",
+                        hint="Lower rollout.max_response_length_in_one_turn (a quarter of max_model_len is common) or "
+                             "raise model.max_model_len to what the model supports.")
+    for key, value in (("max_prompt_length", data.max_prompt_length), ("max_response_length", data.max_response_length)):
+        if value is not None and value > max_model_len:
+            raise UserError(f"data.{key} ({value}) is longer than model.max_model_len ({max_model_len}): no sample "
+                            "the gateway lets through can be that long.",
+                            hint=f"Lower data.{key}, or remove it to follow model.max_model_len.")
+    # Unset, they become (max_model_len - one turn, max_model_len), deliberately overlapping: that pair (also
+    # when a dumped config is read back) is no mistake.
+    followed = (data.max_prompt_length, data.max_response_length) == (max(max_model_len - turn, 1), max_model_len)
+    both_set = data.model_fields_set >= {"max_prompt_length", "max_response_length"}
+    if both_set and not followed and data.max_prompt_length is not None and data.max_response_length is not None:
+        total = data.max_prompt_length + data.max_response_length
+        if total > max_model_len:
+            raise UserError(f"data.max_prompt_length + data.max_response_length ({data.max_prompt_length} + "
+                            f"{data.max_response_length} = {total}) is more than model.max_model_len ({max_model_len}): "
+                            "a trained sample (prompt and response) must fit in the model's context.",
+                            hint="Lower one of them so that their sum is at most model.max_model_len, or remove both to "
+                                 "follow model.max_model_len.")
+    episodes = config.data.train_batch_size * config.rollout.num_repeat
+    if episodes > MAX_EPISODES_PER_STEP:
+        raise UserError(f"data.train_batch_size x rollout.num_repeat ({config.data.train_batch_size} x "
+                        f"{config.rollout.num_repeat} = {episodes}) episodes per step is more than {MAX_EPISODES_PER_STEP}: "
+                        "every episode of a step is scheduled at once.",
+                        hint="Lower data.train_batch_size or rollout.num_repeat.")
+
+
+# The backbones that train with `algorithm.adv_estimator` (the others, debug included, only roll out or
+# bring their own objective).
+GRPO_BACKBONES = frozenset({"local", "verl", "trinity"})
+
+
+def check_training_signal(config: AgentTuneConfig) -> None:
+    """Configurations that would run every step and train nothing: refused before the first one.
+
+    Not part of validation: rollouts without training (the debug backbone, the rollout engine on its
+    own) may use them.
+    """
+    if config.backbone in GRPO_BACKBONES and config.algorithm.adv_estimator == "grpo" and config.rollout.num_repeat < 2:
+        raise UserError("rollout.num_repeat is 1 with algorithm.adv_estimator grpo: every group holds one episode, "
+                        "so every advantage is 0 and no step would train anything.",
+                        hint="Set rollout.num_repeat to 2 or more (4 to 16 is common), or use --backbone debug to "
+                             "only roll out and judge.")
+    validates = config.trainer.test_freq > 0 or config.trainer.val_before_train
+    if validates and not config.task_reader.validation_split:
+        keys = "trainer.test_freq" if config.trainer.test_freq > 0 else "trainer.val_before_train"
+        raise UserError(f"{keys} asks for validation, but task_reader.validation_split is not set, so there is "
+                        "nothing to validate on.",
+                        hint="Set task_reader.validation_split to a split of your data (e.g. test), or set "
+                             "trainer.test_freq: 0 and trainer.val_before_train: false.")
+    if config.rollout.trainable_targets == []:
+        raise UserError("rollout.trainable_targets is an empty list: no agent's samples would be trained.",
+                        hint="List the agent names to train, or remove the key (null) to train every agent.")

@@ -65,8 +65,11 @@ Lowest to highest priority:
 
 `agenttune config show --conf FILE [key.path=value ...]` prints the resolved result, and
 `agenttune config schema` prints the JSON schema (point your editor's YAML support at it).
-A mistake (unknown key, wrong type, bad `module:Name`) stops the command with one paragraph that
-names the key and, where it can, the fix; exit code 2.
+`agenttune config check --conf FILE` (and `show`) first resolves every reference a run needs (component
+types, code references, data files, the model directory's config and tokenizer) without loading weights.
+A mistake (unknown key, wrong type, bad `module:Name`, an `AGENTTUNE_…` variable that is no key, a
+length longer than `model.max_model_len`) stops the command with one paragraph that names the key and,
+where it can, the fix; exit code 2, as `train` would give (docs/reliability.md).
 
 Code is referenced as `package.module:Name`; ASTune's `package.module->Name` is accepted too, and so
 are ASTune files wrapped in a top-level `astune:`/`astuner:` key, its reader names

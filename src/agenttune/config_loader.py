@@ -17,6 +17,7 @@ from pydantic_core import ErrorDetails
 from agenttune.component_base import NoOptions
 from agenttune.config import AgentTuneConfig, ComponentSection, with_sections, yaml_values
 from agenttune.errors import UserError
+from agenttune.install_hints import PLUGIN_COMPONENTS
 from agenttune.plugins import get_plugin_manager
 
 
@@ -33,22 +34,67 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise UserError(f"Cannot read config file {str(path)!r}: {error.strerror or error}.",
                         hint="Check the file's permissions.") from error
+    if not _YAML_CONTENT.search(text):
+        raise UserError(f"Config file {str(path)!r} is empty{' (comments only)' if text.strip() else ''}.",
+                        hint="Write the run's keys into it (`workflow:`, `task_reader:`, `model:` ...); "
+                             "`agenttune config docs` lists them all.")
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
-        where = ""
-        mark = getattr(error, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise UserError(f"Config file {str(path)!r} is not valid YAML{where}: {problem}.",
-                        hint="Fix the YAML syntax (indentation, colons, quotes).") from error
+        message, hint = _yaml_problem(str(path), error, text)
+        raise UserError(message, hint=hint) from error
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"Config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}.",
                         hint="Start it with top-level keys such as `workflow:` and `task_reader:`.")
     return unwrapped(joined_surrogates(data, str(path)))
+
+
+_YAML_CONTENT = re.compile(r"^[ \t]*[^\s#]", re.MULTILINE)  # a line that is not blank or a comment
+
+
+def _yaml_problem(path: str, error: yaml.YAMLError, text: str) -> tuple[str, str]:
+    """(message, hint) for a YAML error, at the line where the problem starts.
+
+    An unclosed quote or bracket is found where the file ends (`context_mark` is where it opened), or,
+    when a later quote closes it, where the swallowed lines stop making sense: then the first line
+    with an unbalanced double quote before that is named.
+    """
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None) or ""
+    mark, opened = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+    tag = re.search(r"tag '(![^']*)'", problem)
+    if tag:
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        return (f"Config file {path!r} uses the YAML tag {tag.group(1)}{line}, which agenttune does not support "
+                "(it reads plain YAML: no !include, !env or Python tags).",
+                "Paste the included content in place, or set the value with a key.path=value override; "
+                "values from the environment go in AGENTTUNE_<SECTION>__<KEY> variables.")
+    if opened is not None and mark is not None and opened.line != mark.line and context.startswith("while scanning"):
+        what = context.removeprefix("while scanning ").strip()
+        return (f"Config file {path!r} is not valid YAML: the {what} opened at line {opened.line + 1}, column "
+                f"{opened.column + 1} is not closed (the parser ran on to line {mark.line + 1}: {problem}).",
+                f"Close it on line {opened.line + 1}: a quote needs its closing quote, a [ or {{ its ] or }}.")
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    unbalanced = _unbalanced_quote_line(text, mark.line) if mark is not None else None
+    if unbalanced is not None and mark is not None:
+        return (f"Config file {path!r} is not valid YAML{where}: {problem}; the double quote opened at line "
+                f"{unbalanced} is not closed on its line, so everything up to line {mark.line + 1} was read as one "
+                "string.", f"Close the quote on line {unbalanced}.")
+    return (f"Config file {path!r} is not valid YAML{where}: {problem}.",
+            "Fix the YAML syntax (indentation, colons, quotes).")
+
+
+def _unbalanced_quote_line(text: str, before: int) -> int | None:
+    """The first line (1-based) before line index `before` with an odd number of unescaped double quotes
+    outside a comment, if any."""
+    for number, line in enumerate(text.splitlines()[:before], start=1):
+        if line.lstrip().startswith("#"):
+            continue
+        if len(re.findall(r'(?<!\\)"', line)) % 2:
+            return number
+    return None
 
 
 def joined_surrogates(value: Any, source: str, key: str = "") -> Any:
@@ -141,6 +187,7 @@ def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source
     """Validate once, with priority overrides > environment > YAML > defaults (the sources are
     composed in AgentTuneConfig.settings_customise_sources)."""
     model = config_model()
+    check_environment(model)
     token = yaml_values.set(yaml_data)
     try:
         return model(**overrides)
@@ -148,6 +195,38 @@ def build_config(yaml_data: dict[str, Any], overrides: dict[str, Any], *, source
         raise UserError(describe_validation_error(error, model, source, overrides)) from error
     finally:
         yaml_values.reset(token)
+
+
+# `AGENTTUNE_…` variables that are not configuration keys: read by the CLI, plugin loading, the
+# tiny-model cache, the browser tests, the llm_judge's defaults and the EnvService plugin.
+OTHER_VARIABLES = frozenset({
+    "AGENTTUNE_LOAD_PLUGINS", "AGENTTUNE_DISABLE_PLUGINS", "AGENTTUNE_TRACE_PLUGINS", "AGENTTUNE_CACHE_DIR",
+    "AGENTTUNE_CHROMIUM", "AGENTTUNE_JUDGE_MODEL", "AGENTTUNE_JUDGE_BASE_URL", "AGENTTUNE_JUDGE_API_KEY",
+    "AGENTTUNE_ENV_SERVICE_URL",
+})
+
+
+def check_environment(model: type[BaseModel]) -> None:
+    """Every `AGENTTUNE_…` variable must name a config key (`AGENTTUNE_ROLLOUT__NUM_REPEAT`) or be one of
+    OTHER_VARIABLES. pydantic-settings silently skips the others, so a typo (one underscore, a misspelt
+    section) would leave the file's value in force."""
+    known = set(OTHER_VARIABLES)
+    for name, field in model.model_fields.items():
+        known.add(f"AGENTTUNE_{name.upper()}")
+        for inner in getattr(field.annotation, "model_fields", None) or ():
+            known.add(f"AGENTTUNE_{name.upper()}__{inner.upper()}")
+    sections = {name.upper() for name in model.model_fields}
+    for variable in sorted(os.environ):
+        if not variable.upper().startswith("AGENTTUNE_") or variable.upper() in known:
+            continue
+        head = variable.upper()[len("AGENTTUNE_"):].split("__", 1)[0]
+        if "__" in variable and head in sections:
+            continue  # deeper keys are checked like the file's: unknown ones are reported with a guess
+        guess = difflib.get_close_matches(variable.upper(), sorted(known), n=1, cutoff=0.75)
+        raise UserError(f"The environment variable {variable} is not a configuration key, so it would be ignored"
+                        f"{f'; did you mean {guess[0]}?' if guess else '.'}",
+                        hint="Config keys are AGENTTUNE_<SECTION>__<KEY> (two underscores between section and key), "
+                             f"e.g. AGENTTUNE_ROLLOUT__NUM_REPEAT=8; unset {variable} if it is not meant for agenttune.")
 
 
 def load_config(conf: str | os.PathLike[str] | Mapping[str, Any] | AgentTuneConfig | None,
@@ -217,10 +296,27 @@ def _describe_one(item: ErrorDetails, model: type[BaseModel], prefix: str = "") 
     if item["type"] == "missing":
         return f"{key} is required"
     value = item.get("input")
+    if isinstance(value, str) and _is_component_section(model, location):
+        kind = _COMPONENT_KINDS.get(location[-1], "")
+        plugin = PLUGIN_COMPONENTS.get((kind, value))
+        origin = f" (the {value!r} {location[-1].replace('_', ' ')} comes from the {plugin} plugin)" if plugin else ""
+        return (f"{key} = {value!r} is invalid: {key} is a section that names its component by `type`; write "
+                f"`{key}: {{type: {value}}}`{origin}")
     shown = repr(value) if not isinstance(value, dict) else "a mapping"
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return f"{key} = {shown} is invalid: {item['msg'].rstrip('.')}"
+
+
+_COMPONENT_KINDS = {"judge": "judges", "task_reader": "task_readers", "engine": "engines"}
+
+
+def _is_component_section(model: type[BaseModel], location: list[str]) -> bool:
+    fields = getattr(model, "model_fields", {})
+    if len(location) != 1 or location[0] not in fields:
+        return False
+    annotation = fields[location[0]].annotation
+    return isinstance(annotation, type) and issubclass(annotation, ComponentSection)
 
 
 def _field_names_at(model: type[BaseModel], location: list[str]) -> list[str]:

@@ -21,7 +21,9 @@ class EpisodeStatus(StrEnum):
     WORKFLOW_ERROR = "workflow_error"  # the workflow raised
     TIMEOUT = "timeout"  # the episode ran past rollout.episode_timeout
     CANCELLED = "cancelled"
-    JUDGE_ERROR = "judge_error"  # the judge raised or timed out
+    JUDGE_ERROR = "judge_error"  # the judge raised, returned garbage, or its worker died
+    JUDGE_TIMEOUT = "judge_timeout"  # the judge ran past judge.timeout (its process tree was killed)
+    JUDGE_MEMORY = "judge_memory"  # the judge went over judge.memory_limit_mb (its process tree was killed)
     ENGINE_ERROR = "engine_error"  # the inference engine failed a request the workflow could not survive
     MADNESS = "madness"  # a madness check fired; the penalty reward was applied
     NOT_TRAINABLE = "not_trainable"  # the engine returned text without token ids

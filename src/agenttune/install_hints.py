@@ -99,3 +99,22 @@ def _install_command(plugin: Distribution, extra: str) -> str:
         if origin.get("dir_info", {}).get("editable") and origin.get("url", "").startswith("file://"):
             return f"pip install -e '{origin['url'].removeprefix('file://')}[{extra}]'"
     return f"pip install '{plugin.metadata['Name']}[{extra}]'"
+
+
+# The components agenttune's own plugins provide, by (kind, name): where an unknown name most likely comes from.
+PLUGIN_COMPONENTS = {
+    **{("judges", name): "agenttune-plugin-gsm8k" for name in ("math", "gsm8k", "math_and_llm")},
+    ("judges", "env_service"): "agenttune-plugin-envservice", ("task_readers", "env_service"): "agenttune-plugin-envservice",
+    ("judges", "reward_function"): "agenttune-plugin-aworld", ("agent_frameworks", "aworld"): "agenttune-plugin-aworld",
+    ("agent_frameworks", "agentscope"): "agenttune-plugin-agentscope",
+    ("backbones", "verl"): "agenttune-plugin-verl", ("engines", "verl"): "agenttune-plugin-verl",
+    ("backbones", "trinity"): "agenttune-plugin-trinity", ("engines", "trinity"): "agenttune-plugin-trinity",
+}
+
+
+def component_hint(kind: str, name: str) -> str:
+    """How to get the component `name` of `kind` that is not installed."""
+    plugin = PLUGIN_COMPONENTS.get((kind, name))
+    if plugin:
+        return f"{name!r} comes from the {plugin} plugin: pip install {plugin}."
+    return "Check the spelling, or install the plugin that provides it."

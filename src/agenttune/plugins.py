@@ -30,6 +30,7 @@ import pluggy
 from agenttune import compatibility, hookspecs
 from agenttune.component_base import NoOptions
 from agenttune.errors import PluginError, PluginWarning
+from agenttune.install_hints import component_hint
 
 if TYPE_CHECKING:
     from agenttune.backbones.base import Backbone
@@ -237,14 +238,13 @@ class PluginManager:
         broken = [info for info in self.plugins.values() if info.problem]
         if not broken:
             raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.",
-                              hint="Check the spelling, or install the plugin that provides it.")
+                              hint=component_hint(kind, name))
         # It may well be installed: a plugin that failed to load provides nothing.
         problems = "; ".join(f"{info.name} ({info.distribution}): {info.problem}" for info in broken)
         raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}. Installed plugins that failed "
                           f"to load, and so provide nothing: {problems}",
                           hint="If one of them provides it, fix that plugin (what failed is above; `agenttune plugins "
-                               "list` shows it too); otherwise check the spelling, or install the plugin that "
-                               "provides it.")
+                               f"list` shows it too). Otherwise: {component_hint(kind, name)}")
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components()[kind])

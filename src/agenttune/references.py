@@ -14,17 +14,28 @@ from agenttune.errors import UserError
 from agenttune.install_hints import import_hint
 
 
-def split_reference(reference: str) -> tuple[str, str]:
+def split_reference(reference: str, key: str | None = None) -> tuple[str, str]:
     """Split `pkg.mod:Name` (or `pkg.mod->Name`) into module path and attribute path."""
+    where = f"{key}: " if key else ""
     for separator in (":", "->"):
         if separator in reference:
             module, _, attribute = reference.partition(separator)
             if module.strip() and attribute.strip():
-                return module.strip(), attribute.strip()
+                module = module.strip()
+                if module.endswith(".py") or "/" in module or "\\" in module:
+                    raise UserError(
+                        f"{where}{reference!r} names a file; a code reference names a module.",
+                        hint=f"Write {_as_module(module)}:{attribute.strip()} (the module's name, without the "
+                             "path and .py); modules next to the config file and in the current directory are found.")
+                return module, attribute.strip()
     raise UserError(
-        f"{reference!r} is not a code reference.",
+        f"{where}{reference!r} is not a code reference.",
         hint="Write it as 'package.module:Name', e.g. 'my_agent.workflow:MathWorkflow'.",
     )
+
+
+def _as_module(path: str) -> str:
+    return Path(path.replace("\\", "/")).with_suffix("").as_posix().strip("./").replace("/", ".") or "module"
 
 
 def load_reference(reference: str, *, key: str = "reference", search_path: Path | None = None) -> Any:
@@ -33,7 +44,7 @@ def load_reference(reference: str, *, key: str = "reference", search_path: Path 
     `search_path` (usually the config file's directory) is tried first, so a workflow next to its
     YAML file is found without installing it. `key` names the config key in error messages.
     """
-    module_name, attribute_path = split_reference(reference)
+    module_name, attribute_path = split_reference(reference, key)
     if search_path is not None and str(search_path) not in sys.path:
         sys.path.insert(0, str(search_path))
     if str(Path.cwd()) not in sys.path:

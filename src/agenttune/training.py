@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agenttune.components import resolve
+from agenttune.components import preflight
 from agenttune.config import AgentTuneConfig
 from agenttune.run import Run, get_logger, prepare_run
 from agenttune.services import run_services
 
 
 def train_from_config(config: AgentTuneConfig, *, run_dir: Path | None = None, resume: bool = False) -> Run:
-    components = resolve(config)  # every check happens before the run directory is created
+    components = preflight(config)  # every check happens before the run directory is created and weights load
     run = prepare_run(config, run_dir, resume=resume)
     get_logger("train").info("run started", run_dir=str(run.run_dir), backbone=config.backbone)
     with run_services(config, run):  # environment servers and the like, from plugins

@@ -4,7 +4,8 @@ Each `*.yaml` there but `valid.yaml` breaks one thing: YAML syntax, unknown keys
 impossible numbers, unknown plugins, bad code references, missing files, bad overrides and
 environment variables. `agenttune train --conf FILE` (run from that directory, as a user would) must
 exit with code 2 and print one paragraph on stderr that says what the `# expect:` header lines say,
-without a traceback. `valid.yaml` is the control: the same directory and command, and the run works.
+without a traceback; `agenttune config check` and `config show` must say the same before any run starts.
+`valid.yaml` is the control: the same directory and commands, and the run works.
 
 Header lines a corpus file may carry:
     # expect: TEXT        the error paragraph must contain TEXT (one or more lines)
@@ -90,12 +91,25 @@ def test_the_valid_control_config_runs(run_cli, in_corpus, tmp_path):
     assert metrics["episodes"] == 4 and metrics["failure_rate"] == 0.0 and metrics["reward/mean"] == 1.0
 
 
+def test_the_valid_control_config_passes_config_check_and_show(run_cli, in_corpus):
+    checked = run_cli("config", "check", "--conf", "valid.yaml")
+    assert checked.exit_code == 0 and "valid.yaml: ok" in checked.stdout, checked.output
+    shown = run_cli("config", "show", "--conf", "valid.yaml")
+    assert shown.exit_code == 0 and "workflow: badcfg_workflow:EchoAgent" in shown.stdout, shown.output
+
+
+COMMANDS = {"train": ["train"], "config-check": ["config", "check"], "config-show": ["config", "show"]}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("path", BAD, ids=[path.stem for path in BAD])
-def test_a_bad_config_is_one_clear_paragraph_and_exit_code_2(run_cli, in_corpus, tmp_path, monkeypatch, path):
+def test_a_bad_config_is_one_clear_paragraph_and_exit_code_2(run_cli, in_corpus, tmp_path, monkeypatch, path,
+                                                             command):
     case = Case.read(path)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
-    result = run_cli("train", "--conf", path.name, "--run-dir", tmp_path / "run", *case.args)
+    run_dir = ["--run-dir", tmp_path / "run"] if command == "train" else []
+    result = run_cli(*COMMANDS[command], "--conf", path.name, *run_dir, *case.args)
     assert result.exit_code == 2, f"exit code {result.exit_code}:\n{result.output}"
     assert not paragraph_problems(result.error), f"{paragraph_problems(result.error)}:\n{result.error}"
     message = " ".join(result.error[result.error.find("Error:"):].split())  # rich wraps lines; compare words

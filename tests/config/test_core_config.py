@@ -61,10 +61,21 @@ def test_astune_wrapped_file_and_arrow_references_load(write_yaml):
     assert config.task_reader.options() == {"dataset_path": "gsm8k/main"}
 
 
-def test_unknown_environment_variables_with_the_prefix_are_ignored(monkeypatch):
-    monkeypatch.setenv("AGENTTUNE_LOAD_PLUGINS", "builtins")
-    monkeypatch.setenv("AGENTTUNE_SOMETHING_ELSE", "1")
+def test_agenttune_variables_that_are_not_config_keys_are_refused_with_a_guess(monkeypatch):
+    monkeypatch.setenv("AGENTTUNE_LOAD_PLUGINS", "builtins")  # read elsewhere: allowed
     assert load_config(None).backbone == AgentTuneConfig().backbone
+    monkeypatch.setenv("AGENTTUNE_ROLLOUT_NUM_REPEAT", "4")  # one underscore: pydantic-settings would skip it
+    with pytest.raises(UserError, match="AGENTTUNE_ROLLOUT_NUM_REPEAT is not a configuration key.*did you mean "
+                                        "AGENTTUNE_ROLLOUT__NUM_REPEAT"):
+        load_config(None)
+    monkeypatch.delenv("AGENTTUNE_ROLLOUT_NUM_REPEAT")
+    monkeypatch.setenv("AGENTTUNE_ROLOUT__NUM_REPEAT", "4")  # a misspelt section
+    with pytest.raises(UserError, match="did you mean AGENTTUNE_ROLLOUT__NUM_REPEAT"):
+        load_config(None)
+    monkeypatch.delenv("AGENTTUNE_ROLOUT__NUM_REPEAT")
+    monkeypatch.setenv("AGENTTUNE_SOMETHING_ELSE", "1")
+    with pytest.raises(UserError, match="AGENTTUNE_SOMETHING_ELSE is not a configuration key"):
+        load_config(None)
 
 
 # -- mistakes --------------------------------------------------------------------------------------------
@@ -205,15 +216,16 @@ def test_the_sources_compose_into_the_model_with_the_plugins_sections(write_yaml
 
 # -- config show / schema / docs -----------------------------------------------------------------------------
 
-def test_config_show_prints_the_resolved_yaml(run_cli, write_yaml):
-    conf = write_yaml({"rollout": {"num_repeat": 3}})
-    result = run_cli("config", "show", f"--conf={conf}", "trainer.seed=7")
+def test_config_show_prints_the_resolved_yaml(run_cli, monkeypatch):
+    monkeypatch.chdir(REPO / "tests" / "config" / "bad_configs")  # a complete config: show resolves every reference
+    conf = "valid.yaml"
+    result = run_cli("config", "show", f"--conf={conf}", "trainer.seed=7", "rollout.num_repeat=3")
     assert result.exit_code == 0, result.output
     shown = yaml.safe_load(result.stdout)
     assert shown["rollout"]["num_repeat"] == 3
     assert shown["trainer"]["seed"] == 7
-    assert shown["model"]["max_model_len"] == AgentTuneConfig().model.max_model_len
-    resolved = load_config(conf, ["trainer.seed=7"])
+    assert shown["model"]["max_model_len"] == 1024 and shown["rollout"]["top_p"] == AgentTuneConfig().rollout.top_p
+    resolved = load_config(conf, ["trainer.seed=7", "rollout.num_repeat=3"])
     assert type(resolved).model_validate(shown).model_dump() == resolved.model_dump()  # complete and valid
 
 

@@ -199,7 +199,7 @@ async def test_agents_have_separate_timelines_and_trainable_targets_pick_them(to
 
 async def test_context_overflow_is_refused_before_generation(tokenizer):
     engine = ScriptedEngine(["never used"], tokenizer=tokenizer)
-    config = tiny_config(model={"max_model_len": 64})
+    config = tiny_config(model={"max_model_len": 64}, rollout={"max_response_length_in_one_turn": 16})
     async with running_gateway(engine, config=config, http=False) as gateway:
         channel = gateway.open_episode("e1", SamplingParams(max_tokens=16))
         with pytest.raises(openai.BadRequestError) as caught:

@@ -80,6 +80,15 @@ def test_the_plan_covers_every_fault_in_each_run():
     assert repeat_of("a1b2c3-7-3") == 3
 
 
+def test_the_soak_plan_gives_every_fault_to_some_of_its_episodes():
+    from collections import Counter
+
+    from agenttune.testing.faults import EXPECTED_STATUS, SOAK_PLAN
+
+    drawn = Counter(SOAK_PLAN.fault(f"task-{index:02d}", repeat) for index in range(16) for repeat in range(4))
+    assert set(drawn) == set(EXPECTED_STATUS) and min(drawn.values()) >= 2  # bench/soak.py's 16 tasks x 4
+
+
 @pytest.mark.slow
 def test_a_debug_run_finishes_and_counts_every_failure(tmp_path, faults):
     config = config_for(tmp_path, backbone="debug", debug={"first_n_tasks": 8, "max_parallel": 32})

@@ -309,7 +309,7 @@ async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes)
         "mad": (EpisodeStatus.MADNESS, None),
         "bad_tool": (EpisodeStatus.MADNESS, None),
         "judge_raise": (EpisodeStatus.JUDGE_ERROR, "the judge raised RuntimeError: the judge tripped"),
-        "judge_hang": (EpisodeStatus.JUDGE_ERROR, "the judge ran past judge.timeout=1s"),
+        "judge_hang": (EpisodeStatus.JUDGE_TIMEOUT, "the judge ran past judge.timeout=1s"),
         "judge_garbage": (EpisodeStatus.JUDGE_ERROR, "MoodyJudge.judge returned 'five stars'"),
     }
     for mode, (status, message) in expected.items():
@@ -331,7 +331,8 @@ async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes)
     assert (no_judge[1].status, no_judge[1].reward) == (EpisodeStatus.OK, 0.25)
 
     metrics = step_metrics(list(episodes.values()))
-    assert metrics["failures/timeout"] == 2 and metrics["failures/judge_error"] == 3
+    assert metrics["failures/timeout"] == 2 and metrics["failures/judge_error"] == 2
+    assert metrics["failures/judge_timeout"] == 1
     assert metrics["madness_rate"] == pytest.approx(2 / 15)
 
 

@@ -52,6 +52,31 @@ async def test_background_children_are_killed_with_the_run(tmp_path):
     assert not marker.exists()
 
 
+async def test_a_grandchild_in_a_new_session_is_killed_with_the_run(tmp_path):
+    """The code's child starts a grandchild with setsid and exits: the grandchild is orphaned outside the
+    process group; the sandbox (a subreaper) adopts it and kills it when the code ends."""
+    marker, pid_file = tmp_path / "alive", tmp_path / "grandchild.pid"
+    grandchild = f"import time, pathlib; time.sleep(1.5); pathlib.Path({str(marker)!r}).write_text('escaped')"
+    starter = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {grandchild!r}], "
+               f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {starter!r}])\nprint('started')"
+    run = await run_python(code, LIMITS)
+    assert run.stdout == "started\n", run.stderr
+    await asyncio.sleep(2.5)
+    assert pid_file.exists() and not marker.exists()
+
+
+async def test_a_setsid_grandchild_of_code_that_hangs_is_killed_at_the_timeout(tmp_path):
+    marker = tmp_path / "alive"
+    grandchild = f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('escaped')"
+    code = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {grandchild!r}], "
+            f"start_new_session=True)\ntime.sleep(60)")
+    run = await run_python(code, LIMITS)
+    assert run.timed_out
+    await asyncio.sleep(3.5)
+    assert not marker.exists()
+
+
 async def test_runs_are_independent_and_concurrent():
     runs = await asyncio.gather(*(run_python(f"print({i} * {i})", LIMITS) for i in range(6)))
     assert [run.stdout for run in runs] == [f"{i * i}\n" for i in range(6)]

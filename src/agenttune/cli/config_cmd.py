@@ -16,19 +16,42 @@ def show(
     backbone: str = typer.Option(None, "--backbone", help="Also print this backbone's generated native config."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
 ) -> None:
-    """Print the fully resolved configuration as YAML."""
+    """Print the fully resolved configuration as YAML, once every reference in it resolves (`config check`)."""
     import yaml
 
+    from agenttune.components import preflight
     from agenttune.config_loader import load_config
     from agenttune.plugins import get_component
 
     config = load_config(conf, overrides or [], backbone=backbone)
+    if conf is not None:  # with no file, the defaults are shown, which name no workflow yet
+        preflight(config)
     typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
     if backbone:
         native = get_component("backbones", backbone, key="--backbone").native_config(config)
         if native is not None:
             typer.echo(f"# --- generated {backbone} config ---")
             typer.echo(yaml.safe_dump(native, sort_keys=False), nl=False)
+
+
+@app.command("check")
+def check(
+    conf: Path = typer.Option(..., "--conf", help="The YAML config file."),
+    backbone: str = typer.Option(None, "--backbone", help="Check for this backbone (default: the config's)."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
+) -> None:
+    """Resolve everything a run of this config needs, without starting it; exit 2 with train's message if not.
+
+    Component types, code references (workflow, judge), data files and splits, the engine's options,
+    and the model directory's config and tokenizer (not its weights).
+    """
+    from agenttune.components import preflight
+    from agenttune.config_loader import load_config
+
+    config = load_config(conf, overrides or [], backbone=backbone)
+    preflight(config)
+    typer.echo(f"{conf}: ok (backbone {config.backbone}, workflow {config.workflow}, judge "
+               f"{config.judge.type or config.judge.judge_protocol or 'none: the workflow rewards'})")
 
 
 @app.command("schema")

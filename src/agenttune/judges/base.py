@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,8 +55,15 @@ class Judge(Component):
     its settings (the other keys of the `judge:` section). It is created once per run with its validated
     options and may keep clients open. `judge` may be async or plain; plain judges run in a thread.
     It must not mutate its input. Raising marks the episode `judge_error`; it never stops the batch.
+
+    By default a judge runs in a worker process (config `judge.isolation`), so its class and options
+    must be importable by name and its input is pickled; there `judge.timeout` and
+    `judge.memory_limit_mb` are enforced by killing the worker's whole process tree.
     """
 
+    # Where the rollout engine calls `judge`: None follows the config's `judge.isolation`. "loop": on the
+    # trainer's event loop, for judges that only await I/O and whose input may hold live clients.
+    isolation: ClassVar[Literal["process", "thread", "loop"] | None] = None
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()

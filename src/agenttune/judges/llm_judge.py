@@ -147,6 +147,7 @@ class LLMJudge(Judge):
     """Scores an episode by asking another model to grade it against a rubric."""
 
     name = "llm_judge"
+    isolation = "loop"  # it only awaits HTTP calls (bounded by request_timeout)
     Options = LLMJudgeOptions
 
     def __init__(self, options: LLMJudgeOptions | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 from pydantic import BaseModel
 
@@ -19,6 +20,9 @@ class TaskReader(Component):
     source is missing, a required column is absent, or the split is empty.
     """
 
+    # True: reading every task is cheap and needs nothing running (local files, memory), so
+    # `config check` and `train` read each split in full before the run starts.
+    reads_locally: ClassVar[bool] = False
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()

@@ -42,6 +42,8 @@ class FileTaskReaderOptions(ColumnOptions):
 class FileTaskReader(TaskReader):
     """Reads tasks from JSONL, JSON (a list of objects) or Parquet files."""
 
+    reads_locally = True
+
     name: ClassVar[str] = "file"
     Options: ClassVar[type[FileTaskReaderOptions]] = FileTaskReaderOptions
     options: FileTaskReaderOptions
@@ -68,13 +70,21 @@ class FileTaskReader(TaskReader):
             target = Path(path.replace("{split}", split))
         if not target.exists():
             raise UserError(f"task_reader.path: {str(target)!r} does not exist (split {split!r}).",
-                            hint="Check the path; relative paths start at the current directory.")
+                            hint=_missing_path_hint(str(target)))
         files = _split_files(target, split) if target.is_dir() else [target]
         for file in files:
             if file.suffix.lower() not in FORMATS:
                 raise UserError(f"task_reader.path: {str(file)!r} is not a .jsonl, .json or .parquet file.",
                                 hint="Convert it, or use the huggingface reader, which knows more formats.")
         return files
+
+
+def _missing_path_hint(path: str) -> str:
+    if "$" in path:  # ${DATA_DIR}/train.jsonl: the shell expands variables, a YAML file does not
+        return ("Environment variables are not expanded in the config file; write the path itself, or pass it from "
+                "the shell as an override (task_reader.path=$DATA_DIR/{split}.jsonl) or as "
+                "AGENTTUNE_TASK_READER__PATH.")
+    return "Check the path; relative paths start at the current directory."
 
 
 def _split_files(directory: Path, split: str) -> list[Path]:

@@ -37,6 +37,8 @@ class InMemoryTaskReaderOptions(ColumnOptions):
 class InMemoryTaskReader(TaskReader):
     """Reads tasks from Python objects named by reference."""
 
+    reads_locally = True
+
     name: ClassVar[str] = "in_memory"
     Options: ClassVar[type[InMemoryTaskReaderOptions]] = InMemoryTaskReaderOptions
     options: InMemoryTaskReaderOptions

@@ -3,6 +3,8 @@
     engine.py    RolloutEngine: runs a batch of episodes (workflow -> gateway -> judge), in this process
                  or in worker processes
     workers.py   WorkflowProcesses: workflows in worker processes, talking to the host over a pipe
+    judging.py   calling the judge under judge.timeout and judge.memory_limit_mb: JudgeProcesses
+                 (worker processes whose whole tree is killed), call_judge (a thread or the loop)
     running.py   running user code, for the engine and the workers: call_workflow, run_in_thread,
                  describe, run_until_done
     messages.py  the messages between the trainer and a worker (Run, Done, Generate, ...): the protocol

@@ -1,7 +1,8 @@
 """The rollout engine: run every task as a group of episodes, isolate failures, judge each episode.
 
 One episode = one fresh `Workflow` instance running one task with its own `ModelTuner` (its own
-gateway channel), under `rollout.episode_timeout`, then the judge under `judge.timeout`. Whatever
+gateway channel), under `rollout.episode_timeout`, then the judge under `judge.timeout` (in a
+worker process by default: judging.py). Whatever
 goes wrong inside an episode (the workflow raises, hangs, returns garbage or is cancelled; the
 judge raises or hangs) is recorded on that episode as a status and an error message; the batch
 always completes. Only cancelling `run_tasks` itself stops it (closing every channel on the way).
@@ -10,7 +11,6 @@ always completes. Only cancelling `run_tasks` itself stops it (closing every cha
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import secrets
 import time
@@ -24,7 +24,8 @@ from agenttune.episode import Episode, EpisodeStatus
 from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.gc import rollout_gc
-from agenttune.rollout.running import call_workflow, describe, run_in_thread
+from agenttune.rollout.judging import JudgeCallFailed, JudgeProcesses, call_judge, isolation_of
+from agenttune.rollout.running import call_workflow, describe
 from agenttune.rollout.workers import WorkflowProcesses
 from agenttune.run import get_logger
 from agenttune.task import Task
@@ -95,12 +96,17 @@ class RolloutEngine:
         self.on_episode = on_episode
         self._processes: WorkflowProcesses | None = None  # rollout.workflow_processes > 1: started at first use
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._judge_isolation = isolation_of(judge, config.judge) if judge is not None else "loop"
+        self._judge_processes = JudgeProcesses(judge, config.judge) if (
+            judge is not None and self._judge_isolation == "process") else None
 
     async def aclose(self) -> None:
-        """Stop the workflow processes, if any (rollout_session does this at the end of a run)."""
+        """Stop the workflow and judge processes, if any (rollout_session does this at the end of a run)."""
         processes, self._processes = self._processes, None
         if processes is not None:
             await processes.stop()
+        if self._judge_processes is not None:
+            await self._judge_processes.stop()
 
     async def __aenter__(self) -> RolloutEngine:
         return self
@@ -120,6 +126,8 @@ class RolloutEngine:
         slots = self._episode_slots()
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
         await self._start_processes()
+        if self._judge_processes is not None:
+            await self._judge_processes.start(len(tasks) * num_repeat)
 
         async def in_slot(task: Task, group_id: str, repeat_index: int) -> Episode:
             async with slots:
@@ -285,8 +293,10 @@ class RolloutEngine:
             return
         judge_input = JudgeInput(task=episode.task, output=output, handed=handed, messages=episode.messages)
         started = time.perf_counter()
-        result = await self._call_judge(judge_input)
-        episode.metrics["judge_s"] = time.perf_counter() - started
+        try:
+            result = await self._call_judge(judge_input)
+        finally:  # also when it failed: how long a judge ran before its timeout fired is worth seeing
+            episode.metrics["judge_s"] = time.perf_counter() - started
         episode.reward, episode.success = result.reward, result.success
         episode.judge_details = result.details
         if output.reward is not None:
@@ -294,26 +304,14 @@ class RolloutEngine:
 
     async def _call_judge(self, judge_input: JudgeInput) -> JudgeResult:
         assert self.judge is not None
-        timeout = self.config.judge.timeout
-        if inspect.iscoroutinefunction(self.judge.judge):
-            call = self.judge.judge(judge_input)
-        else:
-            call = run_in_thread(self.judge.judge, judge_input)
-        runner = asyncio.ensure_future(call)
         try:
-            done, _ = await asyncio.wait({runner}, timeout=timeout)
-        except asyncio.CancelledError:
-            runner.cancel()
-            raise
-        if not done:
-            runner.cancel()
-            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge ran past judge.timeout={timeout:g}s")
-        if runner.cancelled():
-            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, "the judge was cancelled (it raised CancelledError)")
-        error = runner.exception()
-        if error is not None:
-            raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"the judge raised {describe(error)}")
-        return _judge_result(runner.result(), type(self.judge))
+            if self._judge_processes is not None:
+                value = await self._judge_processes.call(judge_input)
+            else:
+                value = await call_judge(self.judge, judge_input, self.config.judge.timeout, self._judge_isolation)
+        except JudgeCallFailed as failure:
+            raise EpisodeFailure(failure.status, str(failure)) from None
+        return _judge_result(value, type(self.judge))
 
     def _apply_madness(self, episode: Episode, madness: list[str]) -> None:
         """A madness hit replaces the reward with `rollout.agent_madness_reward` (the judge's is kept)."""

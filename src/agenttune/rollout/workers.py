@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from agenttune import process_tree
 from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import EpisodeRecord
@@ -69,6 +70,8 @@ START_TIMEOUT_S = 120.0
 # How long the trainer waits for a worker to run an episode's cleanups (release environments).
 CLEANUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
+# How long a worker gets to answer that a cancelled workflow has stopped before it is killed.
+CANCEL_ANSWER_S = 5.0
 
 
 class WorkerEpisode:
@@ -158,6 +161,8 @@ class WorkflowProcesses:
     async def stop(self) -> None:
         workers, self._workers = self._workers, []
         for worker in workers:
+            if worker.process.exitcode is None:  # first what its workflows left running (it adopted orphans)
+                process_tree.kill_descendants(worker.process.pid or 0)
             self._retire(worker, "the workflow processes were stopped")
             if worker.process.is_alive():
                 await asyncio.to_thread(worker.process.join, STOP_TIMEOUT_S)
@@ -193,7 +198,12 @@ class WorkflowProcesses:
         except asyncio.CancelledError:
             tuner.add_cleanup(lambda: self._end(worker, job))  # whatever it registered before it stopped
             self._send(worker, Cancel(job))
-            await asyncio.wait({done})  # the worker answers once the workflow has unwound
+            # The worker answers once the workflow has unwound; one whose event loop a workflow blocks
+            # never does: it is killed (with what it started), its other episodes fail, a new one starts.
+            finished, _ = await asyncio.wait({done}, timeout=CANCEL_ANSWER_S)
+            if not finished:
+                self._kill(worker, f"its event loop was blocked: a cancelled workflow did not stop within "
+                                   f"{CANCEL_ANSWER_S:g} s, so the process was killed")
             episode.recorded = done.result().record or episode.recorded
             raise
         if reply.cleanups:  # the worker keeps the episode's tuner until told to run them
@@ -281,6 +291,12 @@ class WorkflowProcesses:
         worker.process.join(0.1)  # reaped, so its exit code can be told
         during = " while running this episode" if worker.ready.done() else ""
         self._retire(worker, f"the workflow process exited (exit code {worker.process.exitcode}){during}")
+
+    def _kill(self, worker: _Worker, reason: str) -> None:
+        """Retire `worker` and kill its process tree (it cannot be asked to stop)."""
+        self._retire(worker, reason)
+        process_tree.kill_descendants(worker.process.pid or 0)
+        worker.process.kill()
 
     def _retire(self, worker: _Worker, reason: str) -> None:
         """Stop talking to `worker`, tell it to stop, and fail whatever it was still running."""
@@ -402,6 +418,7 @@ class RemoteEngine(InferenceEngine):
 def serve_worker(sock: socket.socket, setup: _Setup) -> None:
     """A worker process's main: run episodes as the trainer sends them, until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
+    process_tree.become_subreaper()  # what workflows start stays in this tree, to end with it
     # run_until_done: a workflow that swallows cancellation cannot keep the worker from exiting
     run_until_done(_Episodes(sock, setup).serve())
 

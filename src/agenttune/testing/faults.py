@@ -15,6 +15,17 @@ agenttune.testing.faults:FaultyJudge`) scores it:
     flaky   the engine fails the first request; the agent's client retries and goes on -> ok
     judge   the judge raises                           -> status judge_error
 
+Judge faults that need the judge in a worker process (`judge.isolation: process`, the default;
+off in PLAN, on in the soak benchmark's plan):
+
+    judge_block     an async judge blocks (time.sleep)       -> status judge_timeout
+    judge_allocate  the judge allocates without end          -> status judge_memory
+    judge_fork      the judge starts a child in a new session, then blocks -> judge_timeout, child killed
+    judge_crash     the judge's process exits (os._exit)     -> status judge_error
+
+And one more workflow fault, also off in PLAN: `drop` streams its answer, closes the connection
+after the first chunk and raises (status workflow_error). SOAK_PLAN turns every fault on.
+
 The engine faults need `failing_generate` wrapped around the engine class's `generate` (e.g.
 `monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))`). `JOURNAL`
 records what each episode was given. `check_run` checks a finished run (every step written, no
@@ -29,6 +40,8 @@ import functools
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -42,7 +55,13 @@ from agenttune.workflow import Workflow, WorkflowOutput
 
 # What each fault must turn into; None is an episode with nothing injected.
 EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang": "timeout",
-                   "engine": "engine_error", "judge": "judge_error"}
+                   "engine": "engine_error", "judge": "judge_error", "judge_block": "judge_timeout",
+                   "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error",
+                   "drop": "workflow_error"}
+FAILURE_CAUSES = ("workflow_error", "timeout", "engine_error", "judge_error", "judge_timeout", "judge_memory",
+                  "cancelled")
+# On the command line of every process a `judge_fork` fault starts: what an orphan hunt looks for.
+ORPHAN_MARK = "agenttune-fault-orphan"
 
 
 class InjectedFault(RuntimeError):
@@ -58,13 +77,20 @@ class FaultPlan:
     engine: float = 0.05
     flaky: float = 0.05
     judge: float = 0.05
+    judge_block: float = 0.0
+    judge_allocate: float = 0.0
+    judge_fork: float = 0.0
+    judge_crash: float = 0.0
+    drop: float = 0.0
     seed: str = "agenttune-faults-7"  # every fault occurs among the first 8 tasks x 4 repeats
 
     def fault(self, task_id: str, repeat: int) -> str | None:
         digest = hashlib.sha256(f"{self.seed}:{task_id}:{repeat}".encode()).digest()
         draw = int.from_bytes(digest[:8], "big") / 2**64
         for kind, share in (("raise", self.raise_), ("hang", self.hang), ("engine", self.engine),
-                            ("flaky", self.flaky), ("judge", self.judge)):
+                            ("flaky", self.flaky), ("judge", self.judge), ("judge_block", self.judge_block),
+                            ("judge_allocate", self.judge_allocate), ("judge_fork", self.judge_fork),
+                            ("judge_crash", self.judge_crash), ("drop", self.drop)):
             if draw < share:
                 return kind
             draw -= share
@@ -72,6 +98,10 @@ class FaultPlan:
 
 
 PLAN = FaultPlan()
+# Every fault at once, 40 % of the episodes in all (bench/soak.py).
+SOAK_PLAN = FaultPlan(raise_=0.05, hang=0.03, engine=0.04, flaky=0.04, judge=0.04, judge_block=0.04,
+                      judge_allocate=0.03, judge_fork=0.03, judge_crash=0.03, drop=0.07,
+                      seed="agenttune-soak-77")  # every fault at least twice among 16 tasks x 4 repeats
 
 
 class Journal:
@@ -130,12 +160,23 @@ class FaultyWorkflow(Workflow):
             raise InjectedFault("the workflow raised (injected)")
         if fault == "hang":
             await asyncio.sleep(3600)
+        if fault == "drop":
+            await self.drop_mid_stream(task, tuner)
         answer = await self.ask(task, tuner)
         tuner.update_judge_input_dictionary(final_answer=answer)
         return WorkflowOutput(metadata={"final_answer": answer, "fault": fault})
 
     async def setup(self, task, tuner) -> None:
         """Runs before the fault strikes (subclasses acquire resources here, e.g. an environment)."""
+
+    async def drop_mid_stream(self, task, tuner) -> None:
+        client = tuner.as_async_openai_client(max_retries=0)
+        stream = await client.chat.completions.create(
+            model=tuner.model_name, messages=[{"role": "user", "content": task.query or task.task_id}], stream=True)
+        async for _ in stream:
+            break
+        await stream.close()  # the connection goes away with the reply half sent
+        raise InjectedFault("the workflow dropped its connection mid-stream (injected)")
 
     async def ask(self, task, tuner) -> str:
         # One retry, as agents' clients usually have: it rides out a flaky engine, not a broken one.
@@ -145,16 +186,52 @@ class FaultyWorkflow(Workflow):
         return reply.choices[0].message.content or ""
 
 
+class SoakWorkflow(FaultyWorkflow):
+    """FaultyWorkflow with every fault on (SOAK_PLAN)."""
+
+    plan = SOAK_PLAN
+
+
 class FaultyJudge(Judge):
     """Raises for episodes planned so; otherwise 1.0 for an answer of even length (rewards vary)."""
 
     name = "faulty"
 
     async def judge(self, judge_input: JudgeInput) -> JudgeResult:
-        if judge_input.handed.get("fault") == "judge":
+        fault = judge_input.handed.get("fault")
+        if fault == "judge":
             raise InjectedFault("the judge raised (injected)")
+        if fault is not None and fault.startswith("judge_"):
+            misbehave(fault)
         answer = str(judge_input.final_answer or "")
         return JudgeResult(reward=float(len(answer) % 2 == 0), success=len(answer) % 2 == 0)
+
+
+def misbehave(fault: str) -> None:
+    """What a judge with a `judge_*` fault does; blocking calls on purpose (the judge is async)."""
+    if fault == "judge_fork":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", ORPHAN_MARK],  # noqa: S603
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if fault in ("judge_block", "judge_fork"):
+        time.sleep(3600)
+    if fault == "judge_allocate":
+        hoard = []
+        while True:
+            hoard.append(bytearray(32 * 1024 * 1024))  # zero-filled: resident at once
+            time.sleep(0.01)
+    if fault == "judge_crash":
+        os._exit(9)
+
+
+def orphans() -> list[int]:
+    """Processes a `judge_fork` fault started that are still alive (anywhere on the machine)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if ORPHAN_MARK in (process.info["cmdline"] or []) and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process.pid)
+    return found
 
 
 def failing_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
@@ -211,7 +288,7 @@ def check_run(run_dir: Path, *, steps: list[int], episodes_per_step: int, split:
                 assert record["metrics"].get("engine_errors") == 1.0, record["metrics"]
             statuses[record["status"]] += 1
             logged.add(episode)
-        for cause in ("workflow_error", "timeout", "engine_error", "judge_error", "cancelled"):
+        for cause in FAILURE_CAUSES:
             counted = metrics[step].get(f"failures/{cause}")
             assert counted == statuses[cause], f"step {step}: failures/{cause} = {counted}, logged {statuses[cause]}"
         assert metrics[step]["failure_rate"] == sum(statuses[c] for c in statuses if c != "ok") / len(records)
@@ -226,6 +303,7 @@ def check_run(run_dir: Path, *, steps: list[int], episodes_per_step: int, split:
 # Threads libraries keep for the life of the process, not left behind by a run: tqdm's monitor
 # (started by transformers' "Loading weights" bar) lives on once started.
 LIBRARY_THREADS = frozenset({"tqdm_monitor"})
+LIBRARY_PROCESS = "multiprocessing.resource_tracker"
 
 
 @dataclass
@@ -251,8 +329,10 @@ class Snapshot:
             time.sleep(0.1)
 
     def new_children(self) -> dict[int, str]:
-        """Child processes started since and still alive: pid -> command line."""
-        return {pid: command for pid, command in child_processes().items() if pid not in self.children}
+        """Child processes started since and still alive: pid -> command line (multiprocessing's resource
+        tracker, started with the first worker process and kept for the life of the interpreter, aside)."""
+        return {pid: command for pid, command in child_processes().items()
+                if pid not in self.children and LIBRARY_PROCESS not in command}
 
 
 def child_processes() -> dict[int, str]:

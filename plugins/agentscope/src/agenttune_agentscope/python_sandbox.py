@@ -1,8 +1,10 @@
 """Run model-written Python in a child process that cannot hang or sink a rollout.
 
-The child gets a wall-clock timeout (its whole process group is killed), an address-space limit
-(a huge allocation raises MemoryError inside the child), a CPU-time backstop and a file-size limit
-(runaway printing stops the child instead of filling the disk or the parent's memory). Output goes
+The child gets a wall-clock timeout (its whole process tree is killed: it is a child subreaper, so
+descendants that start a new session stay in its tree; its process group too), an address-space
+limit (a huge allocation raises MemoryError inside the child), a CPU-time backstop and a file-size
+limit (runaway printing stops the child instead of filling the disk or the parent's memory).
+Whatever the code leaves running in the background ends with it. Output goes
 to files in a private temporary directory, which is also the working directory and is removed after.
 This protects the rollout from accidents, not from a malicious program: it is not a security sandbox.
 """
@@ -18,11 +20,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 # Applies the limits inside the child, then runs the script: no preexec_fn, which is unsafe in a
 # process that has threads (the gateway and engines do).
 # A traceback shows the model its own frames only, not the launcher's.
+# It makes itself a child subreaper (Linux), so orphans of the code's children are adopted by it and
+# not by init, and kills what is left when the code ends.
 _LAUNCHER = """\
-import resource, runpy, sys, traceback
+import ctypes, resource, runpy, sys, traceback
+import psutil
+try:
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+except (OSError, AttributeError):
+    pass
 memory, file_size, cpu = (int(value) for value in sys.argv[1:4])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
@@ -38,6 +49,12 @@ except BaseException as error:
         frames = frames.tb_next
     traceback.print_exception(type(error), error, frames)
     sys.exit(1)
+finally:
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 """
 
 
@@ -99,6 +116,12 @@ def _child_env() -> dict[str, str]:
 
 
 def _kill_group(pid: int) -> None:
+    """Kill the child's descendants (while it still adopts their orphans), then its process group."""
+    try:
+        for descendant in psutil.Process(pid).children(recursive=True):
+            descendant.kill()
+    except psutil.Error:
+        pass
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

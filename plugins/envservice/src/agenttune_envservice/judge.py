@@ -39,6 +39,7 @@ class EnvServiceJudge(Judge):
     """Rewards an episode with its EnvService environment's evaluation."""
 
     name: ClassVar[str] = "env_service"
+    isolation = "loop"  # it is handed the episode's live environment client
     Options: ClassVar[type[BaseModel]] = EnvServiceJudgeOptions
     options: EnvServiceJudgeOptions
 

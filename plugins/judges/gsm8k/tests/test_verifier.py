@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -47,6 +49,19 @@ def test_a_pathological_answer_is_stopped_and_the_next_one_still_works() -> None
         assert "stopped after" in stuck.reason
         assert verifier.timeouts == 1
         assert verifier.compare("72", r"\boxed{72}").equal is True  # a fresh worker took over
+
+
+def test_the_workers_memory_cap_turns_a_huge_allocation_into_memory_error() -> None:
+    # No answer we found makes math-verify itself allocate gigabytes quickly (sympy keeps 2^(2^31)
+    # symbolic), so the cap the worker applies is checked with an allocation of its own.
+    code = ("from agenttune_gsm8k.verify_worker import limit_memory\nlimit_memory(64)\nbytearray(32 << 20)\n"
+            "print('32 MB fit')\nbytearray(512 << 20)\nprint('512 MB fit')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "32 MB fit" in result.stdout and "512 MB fit" not in result.stdout
+    assert "MemoryError" in result.stderr
+    with MathVerifier(timeout=5.0, max_workers=1, memory_mb=128) as verifier:
+        assert verifier.compare("72", r"\boxed{72}").equal is True  # math-verify works under its cap
+        assert verifier._idle.get().process.args[-1] == "128"
 
 
 def test_concurrent_calls_from_threads(verifier: MathVerifier) -> None:

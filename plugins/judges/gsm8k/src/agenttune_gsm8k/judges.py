@@ -46,18 +46,22 @@ class MathJudgeOptions(BaseModel):
     use_math_verify: bool = Field(default=True, description="Compare with math-verify; false: strict only.")
     verify_timeout: float = Field(default=5.0, gt=0, description="Seconds math-verify may spend on one answer.")
     verify_workers: int = Field(default=2, gt=0, description="math-verify worker processes (comparisons at once).")
+    verify_memory_mb: int = Field(default=1024, gt=0, description="Memory (MB) a math-verify worker may add for one "
+                                                                  "comparison; past it the verdict is undecided.")
 
 
 class MathJudge(Judge):
     """Checks a math answer against the ground truth; reward, success and a format metric."""
 
     name = "math"
+    isolation = "loop"  # math-verify runs in its own worker processes, under their limits
     Options = MathJudgeOptions
 
     def __init__(self, options: MathJudgeOptions | None = None):
         super().__init__(options)
         self.options: MathJudgeOptions
-        self.verifier = (MathVerifier(self.options.verify_timeout, self.options.verify_workers)
+        self.verifier = (MathVerifier(self.options.verify_timeout, self.options.verify_workers,
+                                      memory_mb=self.options.verify_memory_mb)
                          if self.options.use_math_verify else None)
 
     def judge(self, judge_input: JudgeInput) -> JudgeResult:
@@ -161,6 +165,7 @@ class MathAndLLMJudge(Judge):
     """
 
     name = "math_and_llm"
+    isolation = "loop"  # awaits the LLM judge; math-verify runs in its own workers
     Options = MathAndLLMOptions
 
     def __init__(self, options: MathAndLLMOptions | None = None):

@@ -3,7 +3,9 @@
 Comparisons run in worker processes (`agenttune_gsm8k.verify_worker`). A comparison that runs past
 `timeout` gets its worker killed (a thread could not be stopped: sympy would keep a core busy for
 the rest of the run) and the verdict "undecided"; the next comparison starts a fresh worker. Up to
-`max_workers` comparisons run at once; callers beyond that wait for a free worker.
+`max_workers` comparisons run at once; callers beyond that wait for a free worker. A worker's
+address space is capped at `memory_mb` above what math-verify itself maps: a comparison that needs
+more fails there with MemoryError (verdict undecided) and the worker goes on.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ class WorkerFailed(Exception):
 class _Worker:
     """One `verify_worker` process and a thread that turns its stdout into a queue of replies."""
 
-    def __init__(self, startup_timeout: float):
+    def __init__(self, startup_timeout: float, memory_mb: int):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agenttune_gsm8k.verify_worker"],
+            [sys.executable, "-m", "agenttune_gsm8k.verify_worker", str(memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -95,8 +97,10 @@ class _Worker:
 class MathVerifier:
     """Compares a gold answer with a model's answer through math-verify, never for longer than `timeout`."""
 
-    def __init__(self, timeout: float = 5.0, max_workers: int = 2, startup_timeout: float = 60.0):
+    def __init__(self, timeout: float = 5.0, max_workers: int = 2, startup_timeout: float = 60.0,
+                 memory_mb: int = 1024):
         self.timeout = timeout
+        self.memory_mb = memory_mb
         self.startup_timeout = startup_timeout
         self.max_workers = max_workers
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
@@ -135,7 +139,7 @@ class MathVerifier:
         try:
             return self._idle.get_nowait()
         except queue.Empty:
-            worker = _Worker(self.startup_timeout)
+            worker = _Worker(self.startup_timeout, self.memory_mb)
             with self._lock:
                 self._all.add(worker)
             return worker

@@ -1,6 +1,7 @@
 """The math-verify worker process: one JSON request per line in, one JSON verdict per line out.
 
-Run by `MathVerifier` as `python -m agenttune_gsm8k.verify_worker`. It lives in its own process
+Run by `MathVerifier` as `python -m agenttune_gsm8k.verify_worker [MEMORY_MB]`; with MEMORY_MB, a
+comparison that would need more memory than that fails with MemoryError (an undecided verdict). It lives in its own process
 because math-verify (sympy underneath) can run for hours on a pathological answer such as
 `\\boxed{9^{9^{9^9}}}`, and only a process can be stopped from outside. math-verify's own timeouts
 use `signal.alarm`, which works in no thread but the main one, so they are turned off here
@@ -38,6 +39,17 @@ def _shown(parsed: list[Any]) -> str:
     return str(parsed[-1]) if parsed else ""
 
 
+def limit_memory(megabytes: int) -> None:
+    """Cap the address space at what is mapped now (math-verify imported) + `megabytes`: a comparison
+    that would need more raises MemoryError here (an undecided verdict) instead of swapping the machine."""
+    import resource
+
+    with open("/proc/self/statm") as statm:  # Linux; elsewhere the limit is skipped
+        mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    cap = mapped + megabytes * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 def main() -> None:
     # Its warning that timeouts are off is expected here: the parent process enforces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -46,11 +58,18 @@ def main() -> None:
     except ImportError as error:
         print(json.dumps({"ready": False, "error": f"{type(error).__name__}: {error}"}), flush=True)
         return
+    if len(sys.argv) > 1:
+        try:
+            limit_memory(int(sys.argv[1]))
+        except (OSError, ValueError):
+            pass
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:
             request = json.loads(line)
             reply = compare(str(request["gold"]), str(request["answer"]))
+        except MemoryError:
+            reply = {"equal": None, "reason": "math-verify ran out of memory (judge option verify_memory_mb)"}
         except Exception as error:  # a bad comparison must not end the worker
             reply = {"equal": None, "reason": f"math-verify failed: {type(error).__name__}: {error}"}
         print(json.dumps(reply), flush=True)

@@ -1,0 +1,177 @@
+"""Judges that misbehave: they block the event loop, allocate without end, start children in new
+sessions or crash. Each such episode ends with its own status within the limits, the batch goes on,
+and nothing the judge started outlives the call that was killed (or the run).
+
+The judges are agenttune.testing.faults' FaultyJudge (importable by name, as a worker process needs),
+driven by the `fault` the workflow hands it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
+from agenttune.engines.scripted import ScriptedEngine
+from agenttune.episode import EpisodeStatus
+from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.metrics import step_metrics
+from agenttune.testing import tiny_tokenizer
+from agenttune.testing.faults import FaultyJudge, orphans
+from agenttune.testing.gateways import running_gateway, tiny_config
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees: Linux /proc")
+
+
+class HandsOverItsFault(Workflow):
+    """Hands the judge the fault named by the task id; no model call (the judge is under test)."""
+
+    async def execute(self, task, tuner):
+        fault = None if task.task_id == "ok" else task.task_id.split("-")[0]
+        tuner.update_judge_input_dictionary(fault=fault, final_answer="42")
+        return WorkflowOutput(metadata={"fault": fault})
+
+
+async def roll_out(task_ids: list[str], num_repeat: int = 1, **judge) -> list:
+    config = tiny_config(rollout={"num_repeat": num_repeat, "max_env_worker": 16, "compute_madness_checklist": []},
+                         judge=judge)
+    async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
+        async with RolloutEngine(config, gateway, HandsOverItsFault, FaultyJudge()) as rollout:
+            return await rollout.run_tasks([Task(task_id=task_id, query="q") for task_id in task_ids])
+
+
+@pytest.mark.slow
+async def test_a_blocking_async_judge_ends_judge_timeout_within_twice_the_timeout_and_the_batch_goes_on():
+    started = time.monotonic()
+    episodes = await roll_out(["judge_block", "ok"], num_repeat=3, timeout=3, workers=6)
+    blocked = [episode for episode in episodes if episode.task.task_id == "judge_block"]
+    assert [episode.status for episode in blocked] == [EpisodeStatus.JUDGE_TIMEOUT] * 3
+    assert all(episode.metrics["judge_s"] < 6.0 for episode in blocked), [e.metrics["judge_s"] for e in blocked]
+    assert all("judge.timeout=3s" in episode.error for episode in blocked)
+    fine = [episode for episode in episodes if episode.task.task_id == "ok"]
+    assert [(episode.status, episode.reward) for episode in fine] == [(EpisodeStatus.OK, 1.0)] * 3
+    assert time.monotonic() - started < 60  # the blocked judges ran side by side, not one after another
+    metrics = step_metrics(episodes)
+    assert metrics["failures/judge_timeout"] == 3 and metrics["failure_rate"] == 0.5
+
+
+@pytest.mark.slow
+async def test_the_same_blocking_judge_in_a_thread_times_out_without_freezing_the_run():
+    episodes = await roll_out(["judge_block", "ok"], timeout=2, isolation="thread")
+    assert [episode.status for episode in episodes] == [EpisodeStatus.JUDGE_TIMEOUT, EpisodeStatus.OK]
+    assert "its thread is abandoned" in episodes[0].error and episodes[0].metrics["judge_s"] < 4.0
+
+
+@pytest.mark.slow
+async def test_a_judge_over_its_memory_limit_ends_judge_memory_and_its_worker_is_replaced():
+    episodes = await roll_out(["judge_allocate", "ok", "ok"], timeout=30, workers=1, memory_limit_mb=300)
+    assert episodes[0].status is EpisodeStatus.JUDGE_MEMORY, episodes[0].error
+    assert "judge.memory_limit_mb=300" in episodes[0].error
+    assert [episode.status for episode in episodes[1:]] == [EpisodeStatus.OK] * 2  # one worker: a fresh one
+
+
+class GrandchildJudge(Judge):
+    """Starts a child that starts a grandchild in a new session and exits (the grandchild is orphaned:
+    without a subreaper init adopts it); writes the grandchild's pid to the task's `pid_file`, then
+    hangs (or, with `finish`, returns)."""
+
+    name = "grandchild_test"
+
+    def judge(self, judge_input):
+        import subprocess
+
+        starter = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+                   "time.sleep(3600)'], start_new_session=True, stdout=subprocess.DEVNULL, "
+                   "stderr=subprocess.DEVNULL); print(p.pid)")
+        pid = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, check=True).stdout
+        Path(judge_input.task.metadata["pid_file"]).write_text(pid.strip())
+        if not judge_input.task.metadata.get("finish"):
+            time.sleep(3600)
+        return JudgeResult(reward=1.0, success=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finish", [False, True], ids=["killed-at-the-timeout", "left-running-until-the-run-ends"])
+async def test_a_setsid_grandchild_of_a_judge_is_gone_afterwards(tmp_path, finish):
+    pid_file = tmp_path / "grandchild.pid"
+    config = tiny_config(rollout={"num_repeat": 1, "compute_madness_checklist": []}, judge={"timeout": 4, "workers": 1})
+    task = Task(task_id="t", query="q", metadata={"pid_file": str(pid_file), "finish": finish})
+
+    class Returns(Workflow):
+        async def execute(self, task, tuner):
+            return WorkflowOutput()
+
+    async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
+        async with RolloutEngine(config, gateway, Returns, GrandchildJudge()) as rollout:
+            [episode] = await rollout.run_tasks([task])
+            grandchild = int(pid_file.read_text())
+            if finish:  # the call ended; what it left runs until the run ends
+                assert episode.status is EpisodeStatus.OK
+                assert psutil.pid_exists(grandchild)
+    if not finish:
+        assert episode.status is EpisodeStatus.JUDGE_TIMEOUT
+        assert "1 process(es) it started were killed" in episode.error
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+async def test_a_crashing_judge_and_a_forking_one_end_their_own_episodes_and_leave_no_orphans():
+    episodes = await roll_out(["judge_crash", "judge_fork", "ok"], timeout=3, workers=3)
+    statuses = {episode.task.task_id: episode.status for episode in episodes}
+    assert statuses == {"judge_crash": EpisodeStatus.JUDGE_ERROR, "judge_fork": EpisodeStatus.JUDGE_TIMEOUT,
+                        "ok": EpisodeStatus.OK}
+    assert "worker process died (exit code 9)" in episodes[0].error
+    assert orphans() == []
+
+
+def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):
+    from agenttune.config import JudgeConfig
+    from agenttune.rollout.judging import isolation_of
+
+    class Local(Judge):  # defined in a function: pickle cannot find it by name
+        name = "local_test"
+
+        def judge(self, judge_input):
+            return JudgeResult(reward=0.0)
+
+    assert isolation_of(Local(), JudgeConfig()) == "thread"
+    assert isolation_of(FaultyJudge(), JudgeConfig()) == "process"
+    assert isolation_of(FaultyJudge(), JudgeConfig(isolation="thread")) == "thread"
+    assert json.dumps(JudgeConfig().model_dump())  # the new keys are plain data
+
+
+@pytest.mark.slow
+def test_a_debug_run_with_a_blocking_async_judge_finishes(tmp_path):
+    """The issue's target, end to end: `judge.timeout: 3`, a judge that blocks its event loop; the run
+    ends, and each such episode is `judge_timeout` within twice the timeout."""
+    from agenttune import Trainer
+
+    config = {"model": {"path": "tiny://default", "max_model_len": 1024}, "engine": {"type": "scripted", "replies": ["42"]},
+              "judge": {"timeout": 3}, "rollout": {"num_repeat": 2, "compute_madness_checklist": []},
+              "debug": {"first_n_tasks": 3, "max_parallel": 6}}
+    rows = [{"task_id": task_id, "query": "q"} for task_id in ("judge_block", "ok", "judge_block-2")]
+    run = Trainer(config, workflow=HandsOverItsFault, judge=FaultyJudge, train_dataset=rows, backbone="debug",
+                  run_dir=tmp_path / "run").train()
+    records = [json.loads(line) for line in (run.rollouts_dir / "step_000001_train.jsonl").read_text().splitlines()]
+    blocked = [record for record in records if record["task"]["task_id"].startswith("judge_block")]
+    assert [record["status"] for record in blocked] == ["judge_timeout"] * 4
+    assert all(record["metrics"]["judge_s"] < 6.0 for record in blocked), [r["metrics"]["judge_s"] for r in blocked]
+    assert [record["status"] for record in records if record["task"]["task_id"] == "ok"] == ["ok"] * 2
+    metrics = json.loads(run.metrics_path.read_text().splitlines()[0])
+    assert metrics["failures/judge_timeout"] == 4
