@@ -58,7 +58,7 @@ EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang":
                    "engine": "engine_error", "judge": "judge_error", "judge_block": "judge_timeout",
                    "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error",
                    "drop": "workflow_error"}
-FAILURE_CAUSES = ("workflow_error", "timeout", "engine_error", "judge_error", "judge_timeout", "judge_memory",
+FAILURE_CAUSES = ("workflow_error", "timeout", "workflow_blocked", "engine_error", "judge_error", "judge_timeout", "judge_memory",
                   "cancelled")
 # On the command line of every process a `judge_fork` fault starts: what an orphan hunt looks for.
 ORPHAN_MARK = "agenttune-fault-orphan"
