@@ -23,7 +23,7 @@ off in PLAN, on in the soak benchmark's plan):
     judge_fork      the judge starts a child in a new session, then blocks -> judge_timeout, child killed
     judge_crash     the judge's process exits (os._exit)     -> status judge_error
     judge_fork_crash  judge_fork, then its process exits (os._exit) -> judge_error; the run kills the child
-                    at its end (not in any plan: the child outlives the episode, so checks per step would see it)
+                    at its end (in no plan and not in EXPECTED_STATUS: the child outlives its episode)
 
 And one more workflow fault, also off in PLAN: `drop` streams its answer, closes the connection
 after the first chunk and raises (status workflow_error). SOAK_PLAN turns every fault on.
@@ -59,7 +59,6 @@ from agenttune.workflow import Workflow, WorkflowOutput
 EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang": "timeout",
                    "engine": "engine_error", "judge": "judge_error", "judge_block": "judge_timeout",
                    "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error",
-                   "judge_fork_crash": "judge_error",
                    "drop": "workflow_error"}
 FAILURE_CAUSES = ("workflow_error", "timeout", "workflow_blocked", "engine_error", "judge_error", "judge_timeout",
                   "judge_memory", "cancelled")
