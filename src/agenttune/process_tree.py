@@ -66,11 +66,23 @@ def owning_leftovers(on_killed: Callable[[list[str]], None]) -> Iterator[None]:
     try:
         yield
     finally:
-        killed = _kill_rounds(me, spare=before | _multiprocessing_helpers())
+        spare = before | _multiprocessing_helpers()
+        killed = _kill_rounds(me, spare=spare)
+        _reap_adopted(spare)
         if not was_subreaper:
             become_subreaper(False)
         if killed:
             on_killed(killed)
+
+
+def _reap_adopted(spare: Collection[int]) -> None:
+    """Collect the exit status of dead children (orphans adopted during the run are nobody else's to wait for)."""
+    for child in psutil.Process().children():
+        try:
+            if child.pid not in spare and child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            continue
 
 
 def _multiprocessing_helpers() -> set[int]:
