@@ -20,6 +20,9 @@ class EpisodeStatus(StrEnum):
     OK = "ok"
     WORKFLOW_ERROR = "workflow_error"  # the workflow raised
     TIMEOUT = "timeout"  # the episode ran past rollout.episode_timeout
+    # An async workflow blocked the event loop past rollout.episode_timeout (time.sleep, a blocking
+    # socket, a busy loop): the loop watchdog interrupted it (rollout/loop_watchdog.py).
+    WORKFLOW_BLOCKED = "workflow_blocked"
     CANCELLED = "cancelled"
     JUDGE_ERROR = "judge_error"  # the judge raised, returned garbage, or its worker died
     JUDGE_TIMEOUT = "judge_timeout"  # the judge ran past judge.timeout (its process tree was killed)

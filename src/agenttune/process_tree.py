@@ -13,24 +13,85 @@ descendants, so a judge cannot dodge its limit by allocating in a child.
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
 import sys
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_GET_CHILD_SUBREAPER = 37
 MIB = 1024 * 1024
 
 
-def become_subreaper() -> bool:
+def become_subreaper(on: bool = True) -> bool:
     """Make this process adopt its orphaned descendants (Linux only). False where it is not supported."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def is_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        flag = ctypes.c_int(0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value != 0
+    except (OSError, AttributeError):
+        return False
+
+
+@contextmanager
+def owning_leftovers(on_killed: Callable[[list[str]], None]) -> Iterator[None]:
+    """Within: this process adopts its orphaned descendants. On exit: kill the ones started within.
+
+    For a whole run: a worker that crashed (os._exit) cannot take its own subreaper role with it,
+    so what it started in a new session would be adopted by init and outlive the run. With the
+    trainer a subreaper those land in its tree instead. Processes that were already there on entry,
+    and multiprocessing's own helpers (resource tracker, fork server), are spared; `on_killed`
+    gets `pid command line` of each process killed (nothing is called when there were none). The
+    subreaper flag is put back as it was, so a test process is one only for the run.
+    """
+    me = os.getpid()
+    before = {process.pid for process in descendants(me)}
+    was_subreaper = is_subreaper()
+    become_subreaper()
+    try:
+        yield
+    finally:
+        spare = before | _multiprocessing_helpers()
+        killed = _kill_rounds(me, spare=spare)
+        _reap_adopted(spare)
+        if not was_subreaper:
+            become_subreaper(False)
+        if killed:
+            on_killed(killed)
+
+
+def _reap_adopted(spare: Collection[int]) -> None:
+    """Collect the exit status of dead children (orphans adopted during the run are nobody else's to wait for)."""
+    for child in psutil.Process().children():
+        try:
+            if child.pid not in spare and child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            continue
+
+
+def _multiprocessing_helpers() -> set[int]:
+    """The pids of multiprocessing's long-lived helper processes, where started."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(resource_tracker._resource_tracker, "_pid", None),
+            getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    return {pid for pid in pids if pid}
 
 
 def limit_address_space(megabytes: float) -> None:
@@ -79,19 +140,25 @@ def kill_descendants(pid: int, *, rounds: int = 5) -> int:
     subreaper's parent with the subreaper alive, so that the killed processes' orphans land in the
     subreaper's tree, where the next round finds them.
     """
-    killed: set[int] = set()
+    return len(_kill_rounds(pid, rounds=rounds))
+
+
+def _kill_rounds(pid: int, *, rounds: int = 5, spare: Collection[int] = ()) -> list[str]:
+    """kill_descendants, sparing `spare`; `pid command line` of each process killed."""
+    killed: dict[int, str] = {}
     for _ in range(rounds):
-        found = [process for process in descendants(pid) if process.pid not in killed]
+        found = [process for process in descendants(pid) if process.pid not in killed and process.pid not in spare]
         if not found:
             break
         for process in found:
             try:
+                command = " ".join(process.cmdline())[:200]
                 process.kill()
-                killed.add(process.pid)
+                killed[process.pid] = f"{process.pid} {command}"
             except psutil.Error:
                 continue
         psutil.wait_procs(found, timeout=0.5)  # returns at once for those that are our children
-    return len(killed)
+    return list(killed.values())
 
 
 def kill_tree(pid: int) -> int:

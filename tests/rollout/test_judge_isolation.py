@@ -23,7 +23,7 @@ from agenttune.episode import EpisodeStatus
 from agenttune.rollout.engine import RolloutEngine
 from agenttune.rollout.metrics import step_metrics
 from agenttune.testing import tiny_tokenizer
-from agenttune.testing.faults import FaultyJudge, orphans
+from agenttune.testing.faults import ORPHAN_MARK, FaultyJudge, orphans
 from agenttune.testing.gateways import running_gateway, tiny_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees: Linux /proc")
@@ -175,3 +175,26 @@ def test_a_debug_run_with_a_blocking_async_judge_finishes(tmp_path):
     assert [record["status"] for record in records if record["task"]["task_id"] == "ok"] == ["ok"] * 2
     metrics = json.loads(run.metrics_path.read_text().splitlines()[0])
     assert metrics["failures/judge_timeout"] == 4
+
+
+@pytest.mark.slow
+def test_a_child_a_crashed_judge_worker_left_in_a_new_session_is_gone_after_the_run(tmp_path):
+    """The judge starts a child in a new session, then its worker dies (os._exit): the worker's own
+    subreaper role dies with it, so the child is adopted by the trainer (a subreaper for the run),
+    which kills it at the end of the run and says so."""
+    from agenttune import Trainer
+    from agenttune.process_tree import is_subreaper
+
+    assert orphans() == []
+    config = {"model": {"path": "tiny://default", "max_model_len": 1024}, "engine": {"type": "scripted", "replies": ["42"]},
+              "judge": {"timeout": 30, "workers": 1}, "rollout": {"num_repeat": 1, "compute_madness_checklist": []},
+              "debug": {"first_n_tasks": 2}}
+    rows = [{"task_id": task_id, "query": "q"} for task_id in ("judge_fork_crash", "ok")]
+    run = Trainer(config, workflow=HandsOverItsFault, judge=FaultyJudge, train_dataset=rows, backbone="debug",
+                  run_dir=tmp_path / "run").train()
+    records = [json.loads(line) for line in (run.rollouts_dir / "step_000001_train.jsonl").read_text().splitlines()]
+    assert [record["status"] for record in records] == ["judge_error", "ok"]
+    assert orphans() == []
+    assert not is_subreaper()  # the test process was one only for the run
+    warnings = [json.loads(line) for line in run.log_path.read_text().splitlines() if "still running" in line]
+    assert len(warnings) == 1 and ORPHAN_MARK in str(warnings[0]["processes"]), warnings

@@ -7,6 +7,7 @@
                  (worker processes whose whole tree is killed), call_judge (a thread or the loop)
     running.py   running user code, for the engine and the workers: call_workflow, run_in_thread,
                  describe, run_until_done
+    loop_watchdog.py  LoopWatchdog: interrupts an in-process async workflow that blocks the event loop
     messages.py  the messages between the trainer and a worker (Run, Done, Generate, ...): the protocol
     pipe.py      MessagePipe: pickled messages over a socket pair, read by an event loop
     session.py   RolloutSession: what a backbone drives for a run (engine, gateway, judge, logs)

@@ -25,6 +25,7 @@ from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.gc import rollout_gc
 from agenttune.rollout.judging import JudgeCallFailed, JudgeProcesses, call_judge, isolation_of
+from agenttune.rollout.loop_watchdog import LoopBlocked, LoopWatchdog
 from agenttune.rollout.running import call_workflow, describe
 from agenttune.rollout.workers import WorkflowProcesses
 from agenttune.run import get_logger
@@ -99,9 +100,12 @@ class RolloutEngine:
         self._judge_isolation = isolation_of(judge, config.judge) if judge is not None else "loop"
         self._judge_processes = JudgeProcesses(judge, config.judge) if (
             judge is not None and self._judge_isolation == "process") else None
+        # Workflows in this process: one that blocks the event loop is interrupted at its deadline.
+        self._loop_watchdog = LoopWatchdog()
 
     async def aclose(self) -> None:
         """Stop the workflow and judge processes, if any (rollout_session does this at the end of a run)."""
+        self._loop_watchdog.stop()
         processes, self._processes = self._processes, None
         if processes is not None:
             await processes.stop()
@@ -126,6 +130,8 @@ class RolloutEngine:
         slots = self._episode_slots()
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
         await self._start_processes()
+        if self._processes is None:
+            self._loop_watchdog.start()
         if self._judge_processes is not None:
             await self._judge_processes.start(len(tasks) * num_repeat)
 
@@ -213,7 +219,7 @@ class RolloutEngine:
         madness: list[str] = []
         try:
             try:
-                outcome = await self._execute(episode.task, tuner)
+                outcome = await self._execute(episode, tuner)
             except EpisodeFailure as failure:
                 outcome = failure
             try:  # also after a failure: a partial conversation is what the log viewer must show
@@ -227,9 +233,10 @@ class RolloutEngine:
             raise outcome
         return outcome, madness
 
-    async def _execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
+    async def _execute(self, episode: Episode, tuner: ModelTuner) -> WorkflowOutput:
         timeout = self.config.rollout.episode_timeout
-        runner = asyncio.ensure_future(self._call_workflow(task, tuner))
+        deadline = time.monotonic() + timeout  # when the wait below times out, if the loop is free to notice
+        runner = asyncio.ensure_future(self._call_workflow(episode, tuner, deadline))
         try:
             done, _ = await asyncio.wait({runner}, timeout=timeout)
         except asyncio.CancelledError:  # the batch is being cancelled: take the workflow down with it
@@ -244,6 +251,8 @@ class RolloutEngine:
         if runner.cancelled():
             raise EpisodeFailure(EpisodeStatus.CANCELLED, "the workflow was cancelled (it raised CancelledError)")
         error = runner.exception()
+        if isinstance(error, LoopBlocked):
+            raise EpisodeFailure(EpisodeStatus.WORKFLOW_BLOCKED, str(error))
         if error is not None:
             # The agent stopped where the context or its turns ran out: an end, not a crash.
             if tuner.context_overflow:
@@ -255,10 +264,13 @@ class RolloutEngine:
             raise EpisodeFailure(status, describe(error))
         return _workflow_output(runner.result(), self.workflow_cls)
 
-    async def _call_workflow(self, task: Task, tuner: ModelTuner) -> Any:
+    async def _call_workflow(self, episode: Episode, tuner: ModelTuner, deadline: float) -> Any:
         if self._processes is not None:
             return await self._processes.run(tuner)
-        return await call_workflow(self.workflow_cls, task, tuner)
+        workflow = call_workflow(self.workflow_cls, episode.task, tuner)
+        if not self._loop_watchdog.active:
+            return await workflow
+        return await self._loop_watchdog.watch(workflow, episode.episode_id, deadline)
 
     def _collect(self, episode: Episode, channel: Any) -> list[str]:
         """Copy the conversation, samples and counters off the channel before it closes; the madness hits."""

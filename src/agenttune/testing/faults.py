@@ -22,6 +22,8 @@ off in PLAN, on in the soak benchmark's plan):
     judge_allocate  the judge allocates without end          -> status judge_memory
     judge_fork      the judge starts a child in a new session, then blocks -> judge_timeout, child killed
     judge_crash     the judge's process exits (os._exit)     -> status judge_error
+    judge_fork_crash  judge_fork, then its process exits (os._exit) -> judge_error; the run kills the child
+                    at its end (in no plan and not in EXPECTED_STATUS: the child outlives its episode)
 
 And one more workflow fault, also off in PLAN: `drop` streams its answer, closes the connection
 after the first chunk and raises (status workflow_error). SOAK_PLAN turns every fault on.
@@ -58,8 +60,8 @@ EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang":
                    "engine": "engine_error", "judge": "judge_error", "judge_block": "judge_timeout",
                    "judge_allocate": "judge_memory", "judge_fork": "judge_timeout", "judge_crash": "judge_error",
                    "drop": "workflow_error"}
-FAILURE_CAUSES = ("workflow_error", "timeout", "engine_error", "judge_error", "judge_timeout", "judge_memory",
-                  "cancelled")
+FAILURE_CAUSES = ("workflow_error", "timeout", "workflow_blocked", "engine_error", "judge_error", "judge_timeout",
+                  "judge_memory", "cancelled")
 # On the command line of every process a `judge_fork` fault starts: what an orphan hunt looks for.
 ORPHAN_MARK = "agenttune-fault-orphan"
 
@@ -209,7 +211,7 @@ class FaultyJudge(Judge):
 
 def misbehave(fault: str) -> None:
     """What a judge with a `judge_*` fault does; blocking calls on purpose (the judge is async)."""
-    if fault == "judge_fork":
+    if fault in ("judge_fork", "judge_fork_crash"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", ORPHAN_MARK],  # noqa: S603
                          start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if fault in ("judge_block", "judge_fork"):
@@ -219,7 +221,7 @@ def misbehave(fault: str) -> None:
         while True:
             hoard.append(bytearray(32 * 1024 * 1024))  # zero-filled: resident at once
             time.sleep(0.01)
-    if fault == "judge_crash":
+    if fault in ("judge_crash", "judge_fork_crash"):
         os._exit(9)
 
 
