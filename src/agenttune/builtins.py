@@ -62,3 +62,23 @@ def register_reasoning_parsers():
     from agenttune.parsers.think import ThinkParser
 
     return [ThinkParser]
+
+
+@hookimpl
+def register_advantage_estimators():
+    from agenttune.estimators.outcome import (
+        DrGRPOEstimator,
+        GRPOEstimator,
+        ReinforcePlusPlusBaselineEstimator,
+        RLOOEstimator,
+    )
+    from agenttune.estimators.turns import TurnGRPOEstimator
+
+    return [GRPOEstimator, DrGRPOEstimator, RLOOEstimator, ReinforcePlusPlusBaselineEstimator, TurnGRPOEstimator]
+
+
+@hookimpl
+def register_policy_losses():
+    from agenttune.losses.policy_gradient import CISPOLoss, GSPOLoss, PPOClipLoss
+
+    return [PPOClipLoss, GSPOLoss, CISPOLoss]

@@ -28,6 +28,8 @@ class Components:
     workflow_cls: type[Workflow] | None
     judge_cls: type | None
     judge_options: Any
+    estimator: Any = None  # the AdvantageEstimator algorithm.adv_estimator names
+    policy_loss: Any = None  # the PolicyLoss algorithm.policy_loss names
 
     def task_reader(self) -> Any:
         return self.task_reader_cls(self.task_reader_options)
@@ -76,6 +78,38 @@ def resolve_task_reader(config: AgentTuneConfig) -> Any:
     return reader_cls(component_options(reader_cls, config.task_reader, "task_reader"))
 
 
+def resolve_objective(config: AgentTuneConfig) -> tuple[Any, Any]:
+    """The advantage estimator and policy loss the `algorithm` section names, their options validated,
+    and a group size the estimator can learn from."""
+    algorithm = config.algorithm
+    estimator_cls = get_component("advantage_estimators", algorithm.adv_estimator, key="algorithm.adv_estimator")
+    options = dict(algorithm.estimator_options)
+    if not algorithm.norm_adv_by_std and "norm_by_std" in getattr(estimator_cls.Options, "model_fields", {}):
+        options.setdefault("norm_by_std", False)  # the older switch, verl's norm_adv_by_std_in_grpo
+    estimator = estimator_cls(_options(estimator_cls, options, "algorithm.estimator_options"))
+    if config.rollout.num_repeat < estimator_cls.min_group_size:
+        raise UserError(
+            f"rollout.num_repeat is {config.rollout.num_repeat}, but the {estimator_cls.name!r} advantage estimator "
+            f"compares each episode with the others of its group and needs groups of at least "
+            f"{estimator_cls.min_group_size}: nothing would be trained.",
+            hint="Raise rollout.num_repeat (4 to 16 is usual), or choose an estimator with a batch-wide baseline: "
+                 "algorithm.adv_estimator: reinforce_plus_plus_baseline.")
+    loss_cls = get_component("policy_losses", algorithm.policy_loss, key="algorithm.policy_loss")
+    loss = loss_cls(_options(loss_cls, dict(algorithm.policy_loss_options), "algorithm.policy_loss_options"))
+    return estimator, loss
+
+
+def _options(component: type, values: dict[str, Any], key: str) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return component.Options.model_validate(values)  # type: ignore[attr-defined]
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, item['loc'])) or key}: {item['msg']}" for item in error.errors()[:5])
+        raise UserError(f"Invalid {key} for {component.name!r}: {problems}.",  # type: ignore[attr-defined]
+                        hint=f"See the {component.name!r} options in docs/local.md (Objectives).") from None  # type: ignore[attr-defined]
+
+
 def configured_splits(config: AgentTuneConfig) -> list[str]:
     return [split for split in (config.task_reader.train_split, config.task_reader.validation_split) if split]
 
@@ -93,8 +127,10 @@ def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Component
                         hint="Add `workflow: my_package.my_module:MyWorkflow` to the config.")
     judge_cls = resolve_judge_class(config)
     judge_options = component_options(judge_cls, config.judge, "judge") if judge_cls else None
+    estimator, policy_loss = resolve_objective(config)
     backbone.check(config)
-    return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options)
+    return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options,
+                      estimator, policy_loss)
 
 
 def engine_class(config: AgentTuneConfig) -> type[InferenceEngine]:

@@ -81,6 +81,10 @@ class Sample(BaseModel):
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    def call_spans(self) -> list[tuple[int, int]]:
+        """(start, end) in `response_ids` of each call's generated tokens, in order."""
+        return _generated_runs(self.loss_mask)
+
     def part(self, start: int, end: int, num_calls: int) -> Sample:
         """The calls in `response_ids[start:end]` as a sample of their own: what came before is its prompt."""
         return self.model_copy(update={
@@ -180,6 +184,9 @@ class Episode(BaseModel):
     status: EpisodeStatus = EpisodeStatus.OK
     error: str | None = None
     reward: float = 0.0
+    turn_rewards: list[float] | None = Field(
+        default=None, description="The judge's reward for each model call, in the order of the calls (samples in "
+                                  "order, each sample's calls in order); None: the judge gave only the episode's.")
     success: bool = False
     samples: list[Sample] = Field(default_factory=list)
     messages: list[dict[str, Any]] = Field(default_factory=list, description="The conversation, in order.")
@@ -192,3 +199,7 @@ class Episode(BaseModel):
     @property
     def trainable_samples(self) -> list[Sample]:
         return [sample for sample in self.samples if sample.trainable]
+
+    @property
+    def num_calls(self) -> int:
+        return sum(sample.num_calls for sample in self.samples)

@@ -14,16 +14,18 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from agenttune.backbones.local.advantages import group_advantages
+from agenttune.backbones.local.advantages import per_row, step_advantages
 from agenttune.backbones.local.batching import ItemStats, build_items, micro_batches
 from agenttune.backbones.local.logprobs import Batch, collate, token_logprobs
-from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
+from agenttune.backbones.local.loss import aggregate, kl_penalty
 from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
+from agenttune.estimators.base import AdvantageEstimator
+from agenttune.losses.base import LossInput, PolicyLoss
 from agenttune.run import get_logger
 
 log = get_logger("local")
@@ -41,9 +43,16 @@ class GRPOTrainer:
         pad_token_id: int,
         total_steps: int,
         reference: ReferenceScope | None = None,
+        estimator: AdvantageEstimator | None = None,
+        policy_loss: PolicyLoss | None = None,
     ):
         self.model = model
         self.config = config
+        if estimator is None or policy_loss is None:
+            from agenttune.components import resolve_objective
+
+            estimator, policy_loss = resolve_objective(config)
+        self.estimator, self.policy_loss = estimator, policy_loss
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.reference = reference
@@ -69,16 +78,18 @@ class GRPOTrainer:
         started, retries = time.perf_counter(), _allocation_retries(self.device)
         algorithm = self.config.algorithm
         max_prompt_length, max_response_length = self.config.data.length_limits()
-        advantages = group_advantages(episodes, norm_by_std=algorithm.norm_adv_by_std)
+        advantages = step_advantages(episodes, self.estimator, zero_variance=algorithm.zero_variance_groups,
+                                     overlong=algorithm.overlong_shaping)
+        rows, by_row = per_row(episodes, advantages)
         items, item_stats = build_items(
-            episodes, advantages.by_episode,
-            max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+            rows, by_row, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
         )
         metrics = {
             "train/groups": float(advantages.num_groups),
             "train/zero_variance_groups": float(advantages.zero_variance_groups),
             "train/zero_variance_fraction": advantages.zero_variance_fraction,
             "train/failed_episodes_skipped": float(advantages.failed_episodes),
+            "train/overlong_penalty": advantages.overlong_penalty,
             "train/lr": self.optimizer.param_groups[0]["lr"],
             **_item_metrics(item_stats, len(items)),
         }
@@ -170,7 +181,7 @@ class GRPOTrainer:
             per_token = policy_loss
 
             def share(values: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
-                return aggregate(values, mask, algorithm.loss_agg_mode,
+                return aggregate(values, mask, self.policy_loss.loss_agg_mode or algorithm.loss_agg_mode,
                                  total_tokens=total_tokens, total_sequences=total_rows)
 
             if reference is not None:
@@ -217,10 +228,11 @@ class GRPOTrainer:
             return loss, torch.zeros_like(loss)
         if options.bypass_mode:
             old = batch.sample_logprobs  # the engine's logprobs are π_old: the ratio is the correction
-        loss, clipped = clipped_policy_loss(
-            logprobs, old if old is not None else logprobs.detach(), batch.advantages,
+        output = self.policy_loss(LossInput(
+            logprobs, old if old is not None else logprobs.detach(), batch.advantages, batch.mask,
             clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
-        )
+        ))
+        loss, clipped = output.per_token, output.clipped
         if applied is not None and applied.weights is not None:
             loss = loss * applied.weights
         return loss, clipped

@@ -1,0 +1,1 @@
+"""Policy losses: the contract (`base.py`) and the built-ins (`policy_gradient.py`, `supervised.py`)."""
