@@ -79,21 +79,14 @@ def resolve_task_reader(config: AgentTuneConfig) -> Any:
 
 
 def resolve_objective(config: AgentTuneConfig) -> tuple[Any, Any]:
-    """The advantage estimator and policy loss the `algorithm` section names, their options validated,
-    and a group size the estimator can learn from."""
+    """The advantage estimator and policy loss the `algorithm` section names, their options validated.
+    (A training backbone also calls the estimator's `check_group_size`; the debug backbone trains nothing.)"""
     algorithm = config.algorithm
     estimator_cls = get_component("advantage_estimators", algorithm.adv_estimator, key="algorithm.adv_estimator")
     options = dict(algorithm.estimator_options)
     if not algorithm.norm_adv_by_std and "norm_by_std" in getattr(estimator_cls.Options, "model_fields", {}):
         options.setdefault("norm_by_std", False)  # the older switch, verl's norm_adv_by_std_in_grpo
     estimator = estimator_cls(_options(estimator_cls, options, "algorithm.estimator_options"))
-    if config.rollout.num_repeat < estimator_cls.min_group_size:
-        raise UserError(
-            f"rollout.num_repeat is {config.rollout.num_repeat}, but the {estimator_cls.name!r} advantage estimator "
-            f"compares each episode with the others of its group and needs groups of at least "
-            f"{estimator_cls.min_group_size}: nothing would be trained.",
-            hint="Raise rollout.num_repeat (4 to 16 is usual), or choose an estimator with a batch-wide baseline: "
-                 "algorithm.adv_estimator: reinforce_plus_plus_baseline.")
     loss_cls = get_component("policy_losses", algorithm.policy_loss, key="algorithm.policy_loss")
     loss = loss_cls(_options(loss_cls, dict(algorithm.policy_loss_options), "algorithm.policy_loss_options"))
     return estimator, loss

@@ -16,6 +16,7 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from agenttune.component_base import Component
+from agenttune.errors import UserError
 
 EPSILON = 1e-6  # verl's and TRL's epsilon in the std normalisation
 
@@ -62,6 +63,18 @@ class AdvantageEstimator(Component):
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def check_group_size(cls, num_repeat: int) -> None:
+        """A UserError when `rollout.num_repeat` gives groups too small to learn from (training backbones
+        call it before they start)."""
+        if num_repeat < cls.min_group_size:
+            raise UserError(
+                f"rollout.num_repeat is {num_repeat}, but the {cls.name!r} advantage estimator compares each episode "
+                f"with the others of its group and needs groups of at least {cls.min_group_size}: nothing would be "
+                "trained.",
+                hint="Raise rollout.num_repeat (4 to 16 is usual), or choose an estimator with a batch-wide baseline: "
+                     "algorithm.adv_estimator: reinforce_plus_plus_baseline.")
 
     def estimate(self, groups: Groups) -> Advantages:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement estimate(groups)")

@@ -9,7 +9,7 @@ methods and named here only for type checkers, so listing plugins does not impor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel
 
@@ -17,6 +17,9 @@ from agenttune.component_base import Component
 
 if TYPE_CHECKING:
     import torch
+
+# How per-token losses become one number (`algorithm.loss_agg_mode`; backbones/local/loss.py's aggregate).
+LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
 
 
 @dataclass
@@ -42,7 +45,7 @@ class PolicyLoss(Component):
     of `algorithm.policy_loss_options`. `loss_agg_mode`, when set, is the aggregation the loss is
     defined with (GSPO's sequence mean) and overrides `algorithm.loss_agg_mode`."""
 
-    loss_agg_mode: ClassVar[str | None] = None
+    loss_agg_mode: ClassVar[LossAggregation | None] = None
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()

@@ -10,8 +10,9 @@ from typing import Literal
 
 import torch
 
+from agenttune.losses.base import LossAggregation
+
 KLEstimator = Literal["k1", "k3"]
-LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
