@@ -115,3 +115,52 @@ def test_each_loss_equals_verls_policy_loss_in_value_and_gradient(name, low, hig
     theirs.backward()
     assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-6, abs=1e-9)
     torch.testing.assert_close(ours_input.grad, theirs_input.grad, rtol=1e-6, atol=1e-9)
+
+
+# -- the translation ------------------------------------------------------------------------------------
+def verl_values(**algorithm):
+    from agenttune_verl.translation import VerlPaths, translated_values
+
+    from agenttune.plugin_api import load_config
+
+    config = load_config({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "algorithm": algorithm}, backbone="verl")
+    return translated_values(config, VerlPaths.placeholder(config)), config
+
+
+@pytest.mark.parametrize(("ours", "estimator", "norm"), [("grpo", "grpo", True), ("dr_grpo", "grpo", False),
+                                                         ("rloo", "rloo", True),
+                                                         ("reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline",
+                                                          True)])
+def test_each_estimator_becomes_verls_own(ours, estimator, norm):
+    values, _ = verl_values(adv_estimator=ours)
+    assert values["algorithm.adv_estimator"] == estimator
+    assert values["algorithm.norm_adv_by_std_in_grpo"] is norm
+
+
+@pytest.mark.parametrize(("ours", "mode", "aggregation"), [("ppo_clip", "vanilla", "token-mean"),
+                                                           ("gspo", "gspo", "seq-mean-token-mean"),
+                                                           ("cispo", "cispo", "token-mean")])
+def test_each_loss_becomes_verls_loss_mode(ours, mode, aggregation):
+    values, _ = verl_values(policy_loss=ours)
+    assert values["actor_rollout_ref.actor.policy_loss.loss_mode"] == mode
+    assert values["actor_rollout_ref.actor.loss_agg_mode"] == aggregation
+
+
+def test_dynamic_sampling_becomes_filter_groups():
+    values, _ = verl_values(dynamic_sampling={"enable": True, "max_retries": 3})
+    assert values["algorithm.filter_groups.enable"] is True
+    assert values["algorithm.filter_groups.metric"] == "reward"
+    assert values["algorithm.filter_groups.max_num_gen_batches"] == 4
+
+
+@pytest.mark.parametrize(("algorithm", "words"), [
+    ({"adv_estimator": "turn_grpo"}, "no equivalent in verl"),
+    ({"zero_variance_groups": "drop"}, "zero_variance_groups=drop is not available"),
+    ({"overlong_shaping": {"enable": True}}, "overlong_shaping is not yet translated"),
+])
+def test_objectives_verl_lacks_are_refused_in_one_paragraph(algorithm, words):
+    from agenttune_verl.backbone import config_problems
+
+    _, config = verl_values(**algorithm)
+    problems = [str(problem) for problem in config_problems(config)]
+    assert any(words in problem for problem in problems), problems
