@@ -72,13 +72,16 @@ def register_advantage_estimators():
         ReinforcePlusPlusBaselineEstimator,
         RLOOEstimator,
     )
+    from agenttune.estimators.rejection import RejectionSamplingEstimator
     from agenttune.estimators.turns import TurnGRPOEstimator
 
-    return [GRPOEstimator, DrGRPOEstimator, RLOOEstimator, ReinforcePlusPlusBaselineEstimator, TurnGRPOEstimator]
+    return [GRPOEstimator, DrGRPOEstimator, RLOOEstimator, ReinforcePlusPlusBaselineEstimator, TurnGRPOEstimator,
+            RejectionSamplingEstimator]
 
 
 @hookimpl
 def register_policy_losses():
     from agenttune.losses.policy_gradient import CISPOLoss, GSPOLoss, PPOClipLoss
+    from agenttune.losses.supervised import CrossEntropyLoss
 
-    return [PPOClipLoss, GSPOLoss, CISPOLoss]
+    return [PPOClipLoss, GSPOLoss, CISPOLoss, CrossEntropyLoss]

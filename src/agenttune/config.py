@@ -176,7 +176,7 @@ class DataConfig(Section):
 class AlgorithmConfig(Section):
     adv_estimator: str = Field(default="grpo", description="Advantage estimator, a registered name (`agenttune plugins "
                                "list`): grpo, dr_grpo, rloo, reinforce_plus_plus_baseline, turn_grpo, "
-                               "rejection_sampling, distillation, or a plugin's.")
+                               "rejection_sampling, or a plugin's.")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="The estimator's options (its `Options` "
                                               "model validates them), e.g. {gamma: 0.9} for turn_grpo.")
     norm_adv_by_std: bool = Field(default=True, description="grpo: divide group-centred rewards by the group's std "

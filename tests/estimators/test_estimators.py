@@ -127,6 +127,16 @@ def test_turn_grpo_without_turn_rewards_is_grpo_on_every_call():
     assert len(set(positive)) == 1 and positive[0] > 0 > negative[0]
 
 
+def test_rejection_sampling_keeps_the_episodes_that_pass_with_weight_one():
+    from agenttune.estimators.rejection import RejectionSamplingEstimator, RejectionSamplingOptions
+
+    estimator = RejectionSamplingEstimator(RejectionSamplingOptions(threshold=0.5))
+    groups = as_groups({"a": [(1.0, 3), (0.0, 2), (0.5, 1)], "b": [(0.2, 4)]})
+    check(estimator.estimate(groups), {"a-0": 1.0, "a-2": 1.0})
+    assert [estimator.informative(members) for members in groups.values()] == [True, False]
+    RejectionSamplingEstimator.check_group_size(1)
+
+
 # -- the plugin kind ----------------------------------------------------------------------------------
 def test_the_built_ins_are_registered():
     assert get_component("advantage_estimators", "rloo") is RLOOEstimator
@@ -198,5 +208,5 @@ def test_a_plugin_adds_an_estimator_that_the_config_selects_and_plugins_list_sho
     plugins = {plugin["name"]: plugin for plugin in json.loads(run_cli("plugins", "list", "--json").output)}
     assert plugins["median"]["advantage_estimators"] == ["median_baseline"]
     assert plugins["builtins"]["advantage_estimators"] == [
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "turn_grpo"]
-    assert plugins["builtins"]["policy_losses"] == ["ppo_clip", "gspo", "cispo"]
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "turn_grpo", "rejection_sampling"]
+    assert plugins["builtins"]["policy_losses"] == ["ppo_clip", "gspo", "cispo", "cross_entropy"]

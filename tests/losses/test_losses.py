@@ -83,3 +83,12 @@ def test_gspo_gives_every_token_of_a_row_the_sequence_ratio_and_its_own_gradient
         assert current.grad[row][trained].tolist() == pytest.approx([float(-advantages[row] * ratio)] * int(
             trained.sum()), rel=1e-9)
     assert GSPOLoss.loss_agg_mode == "seq-mean-token-mean"
+
+
+def test_cross_entropy_is_the_negative_log_likelihood_weighted_by_the_advantage():
+    current, old, advantages, mask = random_batch(5)
+    output = get_component("policy_losses", "cross_entropy")()(
+        LossInput(current, old, torch.ones_like(advantages), mask, clip_low=0.2, clip_high=0.2))
+    assert torch.equal(output.per_token, -current) and not output.clipped.any()
+    mean_nll = (output.per_token * mask).sum() / mask.sum()
+    assert float(mean_nll) == pytest.approx(float(-(current * mask).sum() / mask.sum()))
