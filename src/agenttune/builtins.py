@@ -81,7 +81,8 @@ def register_advantage_estimators():
 
 @hookimpl
 def register_policy_losses():
+    from agenttune.losses.distillation import DistillationLoss
     from agenttune.losses.policy_gradient import CISPOLoss, GSPOLoss, PPOClipLoss
     from agenttune.losses.supervised import CrossEntropyLoss
 
-    return [PPOClipLoss, GSPOLoss, CISPOLoss, CrossEntropyLoss]
+    return [PPOClipLoss, GSPOLoss, CISPOLoss, CrossEntropyLoss, DistillationLoss]

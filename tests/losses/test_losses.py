@@ -92,3 +92,22 @@ def test_cross_entropy_is_the_negative_log_likelihood_weighted_by_the_advantage(
     assert torch.equal(output.per_token, -current) and not output.clipped.any()
     mean_nll = (output.per_token * mask).sum() / mask.sum()
     assert float(mean_nll) == pytest.approx(float(-(current * mask).sum() / mask.sum()))
+
+
+def test_distillation_uses_the_teachers_log_probs_as_per_token_advantages():
+    current, old, advantages, mask = random_batch(7)
+    teacher = old + torch.randn_like(old) * 0.5
+    loss = get_component("policy_losses", "distillation")(
+        get_component("policy_losses", "distillation").Options(teacher="unused-here"))
+    student = current.detach().clone().requires_grad_()
+    output = loss(LossInput(student, old, advantages, mask, clip_low=0.2, clip_high=0.2, teacher_logprobs=teacher))
+    expected = (-(teacher - old) * torch.exp(current - old)).detach()
+    torch.testing.assert_close(output.per_token.detach(), expected)
+    output.per_token.sum().backward()
+    torch.testing.assert_close(student.grad, expected)  # d/dlogp of -A exp(logp - old) is the value itself
+    with_reward = get_component("policy_losses", "distillation")(
+        get_component("policy_losses", "distillation").Options(teacher="x", reward_weight=0.5))
+    mixed = with_reward(LossInput(current, old, advantages, mask, clip_low=0.2, clip_high=0.2,
+                                  teacher_logprobs=teacher))
+    torch.testing.assert_close(mixed.per_token.detach(), (-((teacher - old) + 0.5 * advantages.unsqueeze(-1))
+                                                          * torch.exp(current - old)).detach())

@@ -32,6 +32,7 @@ class LossInput:
     mask: torch.Tensor  # [rows, tokens], 1.0 on trained tokens
     clip_low: float  # algorithm.clip_ratio_low
     clip_high: float  # algorithm.clip_ratio_high
+    teacher_logprobs: torch.Tensor | None = None  # [rows, tokens]: a teacher's log-probs of the sampled tokens
 
 
 @dataclass
@@ -43,9 +44,13 @@ class LossOutput:
 class PolicyLoss(Component):
     """A policy-gradient loss, selected by `algorithm.policy_loss` (`name`); its `Options` are the keys
     of `algorithm.policy_loss_options`. `loss_agg_mode`, when set, is the aggregation the loss is
-    defined with (GSPO's sequence mean) and overrides `algorithm.loss_agg_mode`."""
+    defined with (GSPO's sequence mean) and overrides `algorithm.loss_agg_mode`. A loss that sets
+    `needs_teacher` has a `teacher` option (a model path) and gets the teacher's log-probs."""
 
     loss_agg_mode: ClassVar[LossAggregation | None] = None
+    # True: the trainer scores every batch with the teacher model named by the options' `teacher`
+    # and hands its log-probs in `LossInput.teacher_logprobs` (on-policy distillation).
+    needs_teacher: ClassVar[bool] = False
 
     def __init__(self, options: BaseModel | None = None):
         self.options = options if options is not None else self.Options()

@@ -170,3 +170,72 @@ def test_per_call_advantages_train_each_call_as_its_own_row():
     second = rows[1].samples[0]  # the second call, with the first call and the tool result as its prompt
     assert second.prompt_ids == [1, 2, 5, 5, 9, 9] and second.response_ids == [5, 5] and second.loss_mask == [1, 1]
     assert by_row["a/call0"] > by_row["a/call2"] > by_row["b/call0"]  # the turn reward credits the first call
+
+
+# -- on-policy distillation in the trainer ----------------------------------------------------------------
+TINY = "tiny://h4-distil?layers=2&hidden=32&heads=2&kv_heads=1&intermediate=64&vocab=300"
+
+
+def test_distillation_steps_bring_the_student_towards_the_teacher_on_its_own_tokens(tmp_path):
+    torch = pytest.importorskip("torch")
+    from agenttune.backbones.local.policy import load_pretrained, load_policy
+    from agenttune.backbones.local.trainer import GRPOTrainer
+    from agenttune.config_loader import load_config
+    from agenttune.model_loading import resolve_model_path
+
+    torch.manual_seed(5)
+    base = load_config({"model": {"path": TINY}})
+    teacher = load_pretrained(resolve_model_path("tiny://teacher?layers=2&hidden=32&heads=2&kv_heads=1&intermediate=64"
+                                                 "&vocab=300"), base, torch.device("cpu"))
+    teacher.save_pretrained(tmp_path / "teacher")
+    config = load_config({"model": {"path": TINY}, "trainer": {"learning_rate": 1e-2},
+                          "algorithm": {"policy_loss": "distillation",
+                                        "policy_loss_options": {"teacher": str(tmp_path / "teacher")}}})
+    model = load_policy(config, torch.device("cpu"))
+    trainer = GRPOTrainer(model, config, pad_token_id=0, total_steps=10)
+    rng = random.Random(1)
+    episodes = []
+    for index in range(4):
+        response = [rng.randrange(3, 300) for _ in range(8)]
+        episodes.append(Episode(episode_id=f"e{index}", task=Task(task_id="t"), group_id="g", reward=float(index % 2),
+                                samples=[Sample(prompt_ids=[5, 6, 7], response_ids=response, loss_mask=[1] * 8,
+                                                logprobs=[-1.0] * 8)]))
+
+    def token_gaps() -> list[float]:
+        """log π_student - log π_teacher of every sampled token."""
+        gaps = []
+        for episode in episodes:
+            sample = episode.samples[0]
+            ids = torch.tensor([sample.prompt_ids + sample.response_ids])
+            with torch.no_grad():
+                student, master = (torch.log_softmax(m(ids).logits[0, :-1], -1) for m in (model, teacher))
+            targets = ids[0, 1:]
+            gaps += [float(student[p, targets[p]] - master[p, targets[p]])
+                     for p in range(len(sample.prompt_ids) - 1, ids.shape[1] - 1)]
+        return gaps
+
+    before = token_gaps()
+    first = trainer.step(episodes)
+    # the teacher's log-probs reach the loss: the step's reverse-KL sample is the one computed here
+    assert first["train/teacher_reverse_kl"] == pytest.approx(sum(before) / len(before), abs=1e-5)
+    for _ in range(7):
+        trainer.step(episodes)
+    after = token_gaps()
+    assert sum(map(abs, after)) < 0.9 * sum(map(abs, before)), (before, after)
+
+
+def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    from agenttune.backbones.local.policy import load_pretrained, load_policy
+    from agenttune.backbones.local.trainer import GRPOTrainer
+    from agenttune.config_loader import load_config
+    from agenttune.errors import UserError
+    from agenttune.model_loading import resolve_model_path
+
+    base = load_config({"model": {"path": TINY}})
+    load_pretrained(resolve_model_path("tiny://other?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64&vocab=400"),
+                    base, torch.device("cpu")).save_pretrained(tmp_path / "teacher")
+    config = load_config({"model": {"path": TINY}, "algorithm": {
+        "policy_loss": "distillation", "policy_loss_options": {"teacher": str(tmp_path / "teacher")}}})
+    with pytest.raises(UserError, match="vocabulary of 400 tokens.*one of 300"):
+        GRPOTrainer(load_policy(config, torch.device("cpu")), config, pad_token_id=0, total_steps=1)
