@@ -178,7 +178,7 @@ TINY = "tiny://h4-distil?layers=2&hidden=32&heads=2&kv_heads=1&intermediate=64&v
 
 def test_distillation_steps_bring_the_student_towards_the_teacher_on_its_own_tokens(tmp_path):
     torch = pytest.importorskip("torch")
-    from agenttune.backbones.local.policy import load_pretrained, load_policy
+    from agenttune.backbones.local.policy import load_policy, load_pretrained
     from agenttune.backbones.local.trainer import GRPOTrainer
     from agenttune.config_loader import load_config
     from agenttune.model_loading import resolve_model_path
@@ -226,7 +226,7 @@ def test_distillation_steps_bring_the_student_towards_the_teacher_on_its_own_tok
 
 def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
     torch = pytest.importorskip("torch")
-    from agenttune.backbones.local.policy import load_pretrained, load_policy
+    from agenttune.backbones.local.policy import load_policy, load_pretrained
     from agenttune.backbones.local.trainer import GRPOTrainer
     from agenttune.config_loader import load_config
     from agenttune.errors import UserError
