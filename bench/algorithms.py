@@ -2,7 +2,7 @@
 objectives train the same warmed-up model for the same number of steps.
 
     python bench/algorithms.py --json /tmp/algorithms.json            # all, 8 steps each
-    python bench/algorithms.py --steps 6 --only grpo,rloo,cispo        # a subset
+    python bench/algorithms.py --steps 6 --only grpo,distillation,rloo # a subset
 
 The start model is the quickstart's supervised warm-up (examples/quickstart), run once and cached
 in `--cache` (its run takes one RL step at learning rate 1e-30, which changes nothing, so that the
@@ -11,10 +11,14 @@ checkpoint is written); every objective starts from that checkpoint with the qui
 held-out problems at the end. The held-out accuracy before RL is measured once (greedy decoding of
 one model: the same for every objective).
 
+`distillation` distils the warmed-up model from the `grpo` run's final model (run `grpo` first) with
+the same number of steps: `fraction_of_teacher` is its held-out accuracy over the teacher's.
+
 JSON: {"results": {name: {"initial_accuracy", "final_accuracy", "steps", "seconds"}}, "workload": ...};
 `seconds` is the training run's wall time (validation included). Targets (issue 37): every RL
-estimator and loss gains >= 30 points held-out; dynamic sampling trains only groups with reward
-spread, at a constant batch size (`trained_groups_with_spread`, `trained_groups_per_step`).
+estimator and loss gains >= 30 points held-out; distillation reaches >= 90 % of the teacher's
+accuracy; dynamic sampling trains only groups with reward spread, at a constant batch size
+(`trained_groups_with_spread`, `trained_groups_per_step`).
 """
 
 from __future__ import annotations
@@ -34,15 +38,16 @@ QUICKSTART = ROOT / "examples" / "quickstart"
 # name -> overrides of the quickstart config
 OBJECTIVES: dict[str, list[str]] = {
     "grpo": [],
-    "dr_grpo": ["algorithm.adv_estimator=dr_grpo"],
-    "rloo": ["algorithm.adv_estimator=rloo"],
-    "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
-    "turn_grpo": ["algorithm.adv_estimator=turn_grpo"],
-    "gspo": ["algorithm.policy_loss=gspo", "algorithm.clip_ratio_low=0.0003", "algorithm.clip_ratio_high=0.0004"],
-    "cispo": ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_high=0.28"],
-    "grpo_drop_zero_variance": ["algorithm.zero_variance_groups=drop"],
+    "distillation": ["algorithm.policy_loss=distillation"],  # + the teacher: the grpo run's final checkpoint
     "dynamic_sampling": ["algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_retries=4"],
+    "rloo": ["algorithm.adv_estimator=rloo"],
+    "cispo": ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_high=0.28"],
+    "gspo": ["algorithm.policy_loss=gspo", "algorithm.clip_ratio_low=0.0003", "algorithm.clip_ratio_high=0.0004"],
+    "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+    "dr_grpo": ["algorithm.adv_estimator=dr_grpo"],
     "rejection_sampling": ["algorithm.adv_estimator=rejection_sampling", "algorithm.policy_loss=cross_entropy"],
+    "turn_grpo": ["algorithm.adv_estimator=turn_grpo"],
+    "grpo_drop_zero_variance": ["algorithm.zero_variance_groups=drop"],
 }
 
 
@@ -118,11 +123,20 @@ def main() -> None:
     initial = None
     for name in args.only.split(","):
         run_dir = work / name
-        seconds = agenttune(run_dir, *OBJECTIVES[name], f"model.path={start_model}", "local.warmup.data=null",
+        extra = []
+        if name == "distillation":  # the teacher: GRPO's model after the same number of steps
+            teacher = work / "grpo" / "checkpoints" / f"step_{args.steps:06d}" / "model"
+            if not teacher.is_dir():
+                raise SystemExit("distillation needs the grpo run first (its final checkpoint is the teacher)")
+            extra = [f"algorithm.policy_loss_options.teacher={teacher}"]
+        seconds = agenttune(run_dir, *OBJECTIVES[name], *extra, f"model.path={start_model}", "local.warmup.data=null",
                             f"task_reader.path={data}/{{split}}.jsonl", f"trainer.total_steps={args.steps}",
                             f"trainer.test_freq={args.steps}", f"trainer.val_before_train={initial is None}",
                             f"data.val_batch_size={args.val_tasks}", "trainer.save_freq=0")
         results[name] = row = summarize(read_metrics(run_dir), initial, seconds)
+        if name == "distillation" and results.get("grpo", {}).get("final_accuracy"):
+            row["teacher_accuracy"] = results["grpo"]["final_accuracy"]
+            row["fraction_of_teacher"] = row["final_accuracy"] / row["teacher_accuracy"]
         initial = row["initial_accuracy"]
         print(f"{name:>30}: {row['initial_accuracy']:.1%} -> {row['final_accuracy']:.1%} held-out after "
               f"{row['steps']} steps ({row['seconds']:.0f} s)", flush=True)
