@@ -182,7 +182,7 @@ class AlgorithmConfig(Section):
     norm_adv_by_std: bool = Field(default=True, description="grpo: divide group-centred rewards by the group's std "
                                   "(false is dr_grpo; verl's norm_adv_by_std_in_grpo).")
     policy_loss: str = Field(default="ppo_clip", description="Policy loss, a registered name: ppo_clip, gspo, cispo, "
-                             "cross_entropy, or a plugin's.")
+                             "cross_entropy, distillation, or a plugin's.")
     policy_loss_options: dict[str, Any] = Field(default_factory=dict, description="The policy loss's options.")
     zero_variance_groups: Literal["keep", "drop"] = Field(
         default="keep", description="Groups without a learning signal (every episode the same reward): keep trains them "
