@@ -39,6 +39,7 @@ QUICKSTART = ROOT / "examples" / "quickstart"
 OBJECTIVES: dict[str, list[str]] = {
     "grpo": [],
     "distillation": ["algorithm.policy_loss=distillation"],  # + the teacher: the grpo run's final checkpoint
+    "grpo_drop_zero_variance": ["algorithm.zero_variance_groups=drop"],
     "dynamic_sampling": ["algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_retries=4"],
     "rloo": ["algorithm.adv_estimator=rloo"],
     "cispo": ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_high=0.28"],
@@ -47,7 +48,6 @@ OBJECTIVES: dict[str, list[str]] = {
     "dr_grpo": ["algorithm.adv_estimator=dr_grpo"],
     "rejection_sampling": ["algorithm.adv_estimator=rejection_sampling", "algorithm.policy_loss=cross_entropy"],
     "turn_grpo": ["algorithm.adv_estimator=turn_grpo"],
-    "grpo_drop_zero_variance": ["algorithm.zero_variance_groups=drop"],
 }
 
 
