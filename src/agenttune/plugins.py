@@ -225,7 +225,7 @@ class PluginManager:
         extra = f" Broken plugins (see `agenttune plugins list`): {', '.join(broken)}." if broken else ""
         close = difflib.get_close_matches(str(name), list(provided), n=1)
         guess = f" Did you mean {close[0]!r}?" if close else ""
-        raise PluginError(f"{where}unknown {label} {name!r}.{guess} Available: {available}.{extra}",
+        raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.{guess}{extra}",
                           hint="Check the spelling, or install the plugin that provides it.")
 
     def names(self, kind: str) -> list[str]:
