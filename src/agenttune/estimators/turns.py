@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,7 +59,7 @@ class TurnGRPOEstimator(AdvantageEstimator):
                     (value - mean) / (std + EPSILON) if options.norm_by_std else value - mean for value in values]
         return result
 
-    def informative(self, group: list[Scored]) -> bool:  # type: ignore[override]
+    def informative(self, group: Sequence[Scored]) -> bool:
         """Spread among the calls' returns (per-turn rewards can differ where episode rewards do not)."""
         pooled = [value for episode in group for value in turn_returns(episode, self.options.gamma)]  # type: ignore[attr-defined]
         return len(pooled) >= 2 and max(pooled) - min(pooled) > EPSILON
