@@ -109,6 +109,9 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(OBJECTIVES), help="comma-separated objectives")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "agenttune-bench-algorithms")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--teacher", type=Path, default=None,
+                        help="distillation's teacher (default: this run's grpo model); with --teacher-accuracy")
+    parser.add_argument("--teacher-accuracy", type=float, default=None)
     args = parser.parse_args()
 
     sys.path.insert(0, str(QUICKSTART))
@@ -125,7 +128,7 @@ def main() -> None:
         run_dir = work / name
         extra = []
         if name == "distillation":  # the teacher: GRPO's model after the same number of steps
-            teacher = work / "grpo" / "checkpoints" / f"step_{args.steps:06d}" / "model"
+            teacher = args.teacher or work / "grpo" / "checkpoints" / f"step_{args.steps:06d}" / "model"
             if not teacher.is_dir():
                 raise SystemExit("distillation needs the grpo run first (its final checkpoint is the teacher)")
             extra = [f"algorithm.policy_loss_options.teacher={teacher}"]
@@ -134,9 +137,10 @@ def main() -> None:
                             f"trainer.test_freq={args.steps}", f"trainer.val_before_train={initial is None}",
                             f"data.val_batch_size={args.val_tasks}", "trainer.save_freq=0")
         results[name] = row = summarize(read_metrics(run_dir), initial, seconds)
-        if name == "distillation" and results.get("grpo", {}).get("final_accuracy"):
-            row["teacher_accuracy"] = results["grpo"]["final_accuracy"]
-            row["fraction_of_teacher"] = row["final_accuracy"] / row["teacher_accuracy"]
+        teacher_accuracy = results.get("grpo", {}).get("final_accuracy") or args.teacher_accuracy
+        if name == "distillation" and teacher_accuracy:
+            row["teacher_accuracy"] = teacher_accuracy
+            row["fraction_of_teacher"] = row["final_accuracy"] / teacher_accuracy
         initial = row["initial_accuracy"]
         print(f"{name:>30}: {row['initial_accuracy']:.1%} -> {row['final_accuracy']:.1%} held-out after "
               f"{row['steps']} steps ({row['seconds']:.0f} s)", flush=True)
