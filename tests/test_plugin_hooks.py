@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune import hookspecs
 from agenttune.plugin_api import (
+    AdvantageEstimator,
+    Advantages,
     AgentFramework,
     AgentTuneConfig,
     Backbone,
@@ -30,7 +32,10 @@ from agenttune.plugin_api import (
     Judge,
     JudgeInput,
     JudgeResult,
+    LossInput,
+    LossOutput,
     ModelTuner,
+    PolicyLoss,
     ReasoningParser,
     Run,
     SamplingParams,
@@ -407,6 +412,80 @@ def test_hook_register_config_sections(plugin, run_cli, config):
     typo = run_cli("config", "show", "--conf", config(hello={"greting": "bonjour"}))
     assert typo.exit_code == 2
     assert "hello.greting" in typo.error and "greeting" in typo.error
+
+
+class EveryoneUp(AdvantageEstimator):
+    """Advantage +1 for every episode, whatever its reward; remembers what it was shown."""
+
+    name = "everyone_up"
+    min_group_size = 1
+    seen: list[dict[str, list[float]]] = []
+
+    def estimate(self, groups):
+        EveryoneUp.seen.append({group: [member.reward for member in members] for group, members in groups.items()})
+        return Advantages({member.episode_id: 1.0 for members in groups.values() for member in members})
+
+    def informative(self, group):
+        return True
+
+
+class PlainReinforce(PolicyLoss):
+    """-A log π per token; remembers the advantages it was given."""
+
+    name = "plain_reinforce"
+    seen: list[list[float]] = []
+
+    def __call__(self, batch: LossInput) -> LossOutput:
+        PlainReinforce.seen.append(batch.advantages.tolist())
+        per_token = -batch.advantages.unsqueeze(-1) * batch.logprobs
+        return LossOutput(per_token, per_token.detach() * 0)
+
+
+class AnswerLengthJudge(Judge):
+    def judge(self, judge_input: JudgeInput) -> JudgeResult:
+        return JudgeResult(reward=float(len(str(judge_input.final_answer)) % 3))
+
+
+class ObjectivePlugin:
+    @staticmethod
+    @hookimpl
+    def register_advantage_estimators():
+        return [EveryoneUp]
+
+    @staticmethod
+    @hookimpl
+    def register_policy_losses():
+        return [PlainReinforce]
+
+
+def local_run(run_cli, config, run_dir: Path, **algorithm: Any) -> list[dict[str, Any]]:
+    """One local training step on the tiny model (hf engine), with these `algorithm` settings."""
+    pytest.importorskip("torch")
+    conf = config(engine={"type": "hf"}, rollout={"num_repeat": 2, "max_response_length_in_one_turn": 4},
+                  judge={"judge_protocol": reference_for(AnswerLengthJudge)},
+                  data={"train_batch_size": 1}, algorithm=algorithm,
+                  trainer={"total_steps": 1, "learning_rate": 1e-3},
+                  local={"device": "cpu", "plot": False}, monitor={"tensorboard": False})
+    result = run_cli("train", "--conf", conf, "--backbone", "local", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_hook_register_advantage_estimators(register_plugin, run_cli, config, tmp_path):
+    register_plugin(ObjectivePlugin(), name="objectives", distribution="agenttune-plugin-objectives")
+    EveryoneUp.seen.clear()
+    [metrics] = local_run(run_cli, config, tmp_path / "run", adv_estimator="everyone_up")
+    assert len(EveryoneUp.seen) == 1 and [len(rewards) for rewards in EveryoneUp.seen[0].values()] == [2]
+    assert metrics["train/samples"] == 2 and metrics["train/updates"] == 1
+
+
+@pytest.mark.slow
+def test_hook_register_policy_losses(register_plugin, run_cli, config, tmp_path):
+    register_plugin(ObjectivePlugin(), name="objectives", distribution="agenttune-plugin-objectives")
+    PlainReinforce.seen.clear()
+    local_run(run_cli, config, tmp_path / "run", adv_estimator="everyone_up", policy_loss="plain_reinforce")
+    assert PlainReinforce.seen and all(value == 1.0 for batch in PlainReinforce.seen for value in batch)
 
 
 def test_hook_run_services(plugin, run_cli, config, tmp_path):

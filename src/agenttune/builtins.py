@@ -62,3 +62,27 @@ def register_reasoning_parsers():
     from agenttune.parsers.think import ThinkParser
 
     return [ThinkParser]
+
+
+@hookimpl
+def register_advantage_estimators():
+    from agenttune.estimators.outcome import (
+        DrGRPOEstimator,
+        GRPOEstimator,
+        ReinforcePlusPlusBaselineEstimator,
+        RLOOEstimator,
+    )
+    from agenttune.estimators.rejection import RejectionSamplingEstimator
+    from agenttune.estimators.turns import TurnGRPOEstimator
+
+    return [GRPOEstimator, DrGRPOEstimator, RLOOEstimator, ReinforcePlusPlusBaselineEstimator, TurnGRPOEstimator,
+            RejectionSamplingEstimator]
+
+
+@hookimpl
+def register_policy_losses():
+    from agenttune.losses.distillation import DistillationLoss
+    from agenttune.losses.policy_gradient import CISPOLoss, GSPOLoss, PPOClipLoss
+    from agenttune.losses.supervised import CrossEntropyLoss
+
+    return [PPOClipLoss, GSPOLoss, CISPOLoss, CrossEntropyLoss, DistillationLoss]

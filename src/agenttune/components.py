@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.config import AgentTuneConfig, check_training_signal
+from agenttune.config import GRPO_BACKBONES, AgentTuneConfig, check_training_signal
 from agenttune.config_loader import component_options
 from agenttune.engines.base import InferenceEngine
 from agenttune.errors import UserError
@@ -32,6 +32,8 @@ class Components:
     workflow_cls: type[Workflow] | None
     judge_cls: type | None
     judge_options: Any
+    estimator: Any = None  # the AdvantageEstimator algorithm.adv_estimator names
+    policy_loss: Any = None  # the PolicyLoss algorithm.policy_loss names
 
     def task_reader(self) -> Any:
         return self.task_reader_cls(self.task_reader_options)
@@ -80,6 +82,31 @@ def resolve_task_reader(config: AgentTuneConfig) -> Any:
     return reader_cls(component_options(reader_cls, config.task_reader, "task_reader"))
 
 
+def resolve_objective(config: AgentTuneConfig) -> tuple[Any, Any]:
+    """The advantage estimator and policy loss the `algorithm` section names, their options validated.
+    (A training backbone also calls the estimator's `check_group_size`; the debug backbone trains nothing.)"""
+    algorithm = config.algorithm
+    estimator_cls = get_component("advantage_estimators", algorithm.adv_estimator, key="algorithm.adv_estimator")
+    options = dict(algorithm.estimator_options)
+    if not algorithm.norm_adv_by_std and "norm_by_std" in getattr(estimator_cls.Options, "model_fields", {}):
+        options.setdefault("norm_by_std", False)  # the older switch, verl's norm_adv_by_std_in_grpo
+    estimator = estimator_cls(_options(estimator_cls, options, "algorithm.estimator_options"))
+    loss_cls = get_component("policy_losses", algorithm.policy_loss, key="algorithm.policy_loss")
+    loss = loss_cls(_options(loss_cls, dict(algorithm.policy_loss_options), "algorithm.policy_loss_options"))
+    return estimator, loss
+
+
+def _options(component: type, values: dict[str, Any], key: str) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return component.Options.model_validate(values)  # type: ignore[attr-defined]
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, item['loc'])) or key}: {item['msg']}" for item in error.errors()[:5])
+        raise UserError(f"Invalid {key} for {component.name!r}: {problems}.",  # type: ignore[attr-defined]
+                        hint=f"See the {component.name!r} options in docs/local.md (Objectives).") from None  # type: ignore[attr-defined]
+
+
 def configured_splits(config: AgentTuneConfig) -> list[str]:
     return [split for split in (config.task_reader.train_split, config.task_reader.validation_split) if split]
 
@@ -97,8 +124,12 @@ def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Component
                         hint="Add `workflow: my_package.my_module:MyWorkflow` to the config.")
     judge_cls = resolve_judge_class(config)
     judge_options = component_options(judge_cls, config.judge, "judge") if judge_cls else None
+    estimator, policy_loss = resolve_objective(config)
+    if config.backbone in GRPO_BACKBONES:  # the debug backbone trains nothing: any group size rolls out
+        estimator.check_group_size(config.rollout.num_repeat)
     backbone.check(config)
-    return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options)
+    return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options,
+                      estimator, policy_loss)
 
 
 def engine_class(config: AgentTuneConfig) -> type[InferenceEngine]:

@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from agenttune.component_base import Section
 from agenttune.errors import UserError
+from agenttune.objective_options import DynamicSamplingOptions, OverlongShapingOptions
 from agenttune.rollout_correction import RolloutCorrectionOptions
 
 SectionModel = TypeVar("SectionModel", bound=BaseModel)
@@ -205,8 +206,25 @@ class DataConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    adv_estimator: Literal["grpo"] = Field(default="grpo", description="Advantage estimator.")
-    norm_adv_by_std: bool = Field(default=True, description="Divide group-centred rewards by the group's std.")
+    adv_estimator: str = Field(default="grpo", description="Advantage estimator, a registered name (`agenttune plugins "
+                               "list`): grpo, dr_grpo, rloo, reinforce_plus_plus_baseline, turn_grpo, "
+                               "rejection_sampling, or a plugin's.")
+    estimator_options: dict[str, Any] = Field(default_factory=dict, description="The estimator's options (its `Options` "
+                                              "model validates them), e.g. {gamma: 0.9} for turn_grpo.")
+    norm_adv_by_std: bool = Field(default=True, description="grpo: divide group-centred rewards by the group's std "
+                                  "(false is dr_grpo; verl's norm_adv_by_std_in_grpo).")
+    policy_loss: str = Field(default="ppo_clip", description="Policy loss, a registered name: ppo_clip, gspo, cispo, "
+                             "cross_entropy, distillation, or a plugin's.")
+    policy_loss_options: dict[str, Any] = Field(default_factory=dict, description="The policy loss's options.")
+    zero_variance_groups: Literal["keep", "drop"] = Field(
+        default="keep", description="Groups without a learning signal (every episode the same reward): keep trains them "
+        "with the estimator's advantage (0 for grpo, rloo) so their tokens stay in the token-mean denominator, as verl "
+        "does; drop leaves them out, so the loss is averaged over the informative groups' tokens only (a larger step "
+        "when most groups are uninformative).")
+    dynamic_sampling: DynamicSamplingOptions = Field(
+        default_factory=DynamicSamplingOptions, description="Replace uninformative groups by fresh ones (DAPO).")
+    overlong_shaping: OverlongShapingOptions = Field(
+        default_factory=OverlongShapingOptions, description="DAPO's soft penalty on overlong responses.")
     clip_ratio_low: float = Field(default=0.2, ge=0, description="PPO clip range below 1.")
     clip_ratio_high: float = Field(default=0.2, ge=0, description="PPO clip range above 1.")
     kl_coef: float = Field(default=0.0, ge=0, description="KL penalty to the reference model; 0 disables it (no reference model).")
@@ -453,13 +471,9 @@ def check_training_signal(config: AgentTuneConfig) -> None:
     """Configurations that would run every step and train nothing: refused before the first one.
 
     Not part of validation: rollouts without training (the debug backbone, the rollout engine on its
-    own) may use them.
+    own) may use them. Groups too small for the advantage estimator (num_repeat 1 with grpo) are the
+    estimator's to judge: `components.resolve` asks its `check_group_size` for the training backbones.
     """
-    if config.backbone in GRPO_BACKBONES and config.algorithm.adv_estimator == "grpo" and config.rollout.num_repeat < 2:
-        raise UserError("rollout.num_repeat is 1 with algorithm.adv_estimator grpo: every group holds one episode, "
-                        "so every advantage is 0 and no step would train anything.",
-                        hint="Set rollout.num_repeat to 2 or more (4 to 16 is common), or use --backbone debug to "
-                             "only roll out and judge.")
     validates = config.trainer.test_freq > 0 or config.trainer.val_before_train
     if validates and not config.task_reader.validation_split:
         keys = "trainer.test_freq" if config.trainer.test_freq > 0 else "trainer.val_before_train"

@@ -211,6 +211,9 @@ class Episode(BaseModel):
     status: EpisodeStatus = EpisodeStatus.OK
     error: str | None = None
     reward: float = 0.0
+    turn_rewards: list[float] | None = Field(
+        default=None, description="The judge's reward for each model call, in the order of the calls (samples in "
+                                  "order, each sample's calls in order); None: the judge gave only the episode's.")
     success: bool = False
     samples: list[Sample] = Field(default_factory=list)
     messages: list[dict[str, Any]] = Field(default_factory=list, description="The conversation, in order.")
@@ -223,3 +226,7 @@ class Episode(BaseModel):
     @property
     def trainable_samples(self) -> list[Sample]:
         return [sample for sample in self.samples if sample.trainable]
+
+    @property
+    def num_calls(self) -> int:
+        return sum(sample.num_calls for sample in self.samples)

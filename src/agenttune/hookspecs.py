@@ -64,6 +64,16 @@ def register_reasoning_parsers() -> list[type] | None:
 
 
 @hookspec
+def register_advantage_estimators() -> list[type] | None:
+    """Return `AdvantageEstimator` subclasses; their `name` is what `algorithm.adv_estimator` selects."""
+
+
+@hookspec
+def register_policy_losses() -> list[type] | None:
+    """Return `PolicyLoss` subclasses; their `name` is what `algorithm.policy_loss` selects."""
+
+
+@hookspec
 def register_config_sections() -> dict[str, type[BaseModel]] | None:
     """Return extra top-level config sections this plugin owns, as `{section_name: pydantic model}`.
 

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
     from agenttune.episode import Episode, EpisodeStatus, Sample, fit_all, record_fitting
     from agenttune.errors import UserError
+    from agenttune.estimators.base import AdvantageEstimator, Advantages, Scored
     from agenttune.frameworks.base import AgentFramework
     from agenttune.gateway import Gateway
     from agenttune.gateway.completions import logprob_problem
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from agenttune.in_process import keep, reference_for
     from agenttune.judges.base import Judge, JudgeInput, JudgeResult
     from agenttune.judges.llm_judge import LLMJudge, LLMJudgeError, LLMJudgeOptions
+    from agenttune.losses.base import LossInput, LossOutput, PolicyLoss
     from agenttune.model_loading import resolve_model_path
     from agenttune.parsers.base import ReasoningParser, ToolParse, ToolParser
     from agenttune.plugins import get_component, get_plugin_manager, registered_plugin
@@ -80,6 +82,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ToolParser": ("agenttune.parsers.base", "ToolParser"),
     "ReasoningParser": ("agenttune.parsers.base", "ReasoningParser"),
     "UserError": ("agenttune.errors", "UserError"),
+    "AdvantageEstimator": ("agenttune.estimators.base", "AdvantageEstimator"),
+    "PolicyLoss": ("agenttune.losses.base", "PolicyLoss"),
     # What flows through them.
     "Task": ("agenttune.task", "Task"),
     "WorkflowTask": ("agenttune.task", "WorkflowTask"),
@@ -98,6 +102,10 @@ _WHERE: dict[str, tuple[str, str]] = {
     "SamplingParams": ("agenttune.engines.base", "SamplingParams"),
     "FinishReason": ("agenttune.engines.base", "FinishReason"),
     "ToolParse": ("agenttune.parsers.base", "ToolParse"),
+    "Scored": ("agenttune.estimators.base", "Scored"),
+    "Advantages": ("agenttune.estimators.base", "Advantages"),
+    "LossInput": ("agenttune.losses.base", "LossInput"),
+    "LossOutput": ("agenttune.losses.base", "LossOutput"),
     # Configuration.
     "AgentTuneConfig": ("agenttune.config", "AgentTuneConfig"),
     "JudgeConfig": ("agenttune.config", "JudgeConfig"),

@@ -12,6 +12,7 @@ Environment variables:
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
 import sys
@@ -35,8 +36,10 @@ from agenttune.install_hints import component_hint
 if TYPE_CHECKING:
     from agenttune.backbones.base import Backbone
     from agenttune.engines.base import InferenceEngine
+    from agenttune.estimators.base import AdvantageEstimator
     from agenttune.frameworks.base import AgentFramework
     from agenttune.judges.base import Judge
+    from agenttune.losses.base import PolicyLoss
     from agenttune.parsers.base import ReasoningParser, ToolParser
     from agenttune.readers.base import TaskReader
 
@@ -52,6 +55,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "engines": ("register_engines", "inference engine"),
     "tool_parsers": ("register_tool_parsers", "tool parser"),
     "reasoning_parsers": ("register_reasoning_parsers", "reasoning parser"),
+    "advantage_estimators": ("register_advantage_estimators", "advantage estimator"),
+    "policy_losses": ("register_policy_losses", "policy loss"),
 }
 
 
@@ -235,14 +240,16 @@ class PluginManager:
         label = KINDS[kind][1]
         available = ", ".join(sorted(provided)) or "none"
         where = f"{key}: " if key else ""
+        close = difflib.get_close_matches(str(name), list(provided), n=1)
+        guess = f" Did you mean {close[0]!r}?" if close else ""
         broken = [info for info in self.plugins.values() if info.problem]
         if not broken:
-            raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.",
+            raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.{guess}",
                               hint=component_hint(kind, name))
         # It may well be installed: a plugin that failed to load provides nothing.
         problems = "; ".join(f"{info.name} ({info.distribution}): {info.problem}" for info in broken)
-        raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}. Installed plugins that failed "
-                          f"to load, and so provide nothing: {problems}",
+        raise PluginError(f"{where}unknown {label} {name!r}. Available: {available}.{guess} Installed plugins that "
+                          f"failed to load, and so provide nothing: {problems}",
                           hint="If one of them provides it, fix that plugin (what failed is above; `agenttune plugins "
                                f"list` shows it too). Otherwise: {component_hint(kind, name)}")
 
@@ -320,11 +327,16 @@ def get_component(kind: Literal["tool_parsers"], name: str, *, key: str | None =
 def get_component(kind: Literal["reasoning_parsers"], name: str, *,
                   key: str | None = None) -> type[ReasoningParser]: ...
 @overload
+def get_component(kind: Literal["advantage_estimators"], name: str, *,
+                  key: str | None = None) -> type[AdvantageEstimator]: ...
+@overload
+def get_component(kind: Literal["policy_losses"], name: str, *, key: str | None = None) -> type[PolicyLoss]: ...
+@overload
 def get_component(kind: str, name: str, *, key: str | None = None) -> type: ...
 def get_component(kind: str, name: str, *, key: str | None = None) -> type:
     """The class registered as `name` among the `kind`s (typed by the hook's contract: the hooks
-    return subclasses of TaskReader, AgentFramework, Judge, Backbone, InferenceEngine, ToolParser
-    and ReasoningParser)."""
+    return subclasses of TaskReader, AgentFramework, Judge, Backbone, InferenceEngine, ToolParser,
+    ReasoningParser, AdvantageEstimator and PolicyLoss)."""
     return get_plugin_manager().get(kind, name, key=key)
 
 
@@ -337,6 +349,8 @@ def make_plugin(
     engines: Sequence[type] = (),
     tool_parsers: Sequence[type] = (),
     reasoning_parsers: Sequence[type] = (),
+    advantage_estimators: Sequence[type] = (),
+    policy_losses: Sequence[type] = (),
     config_sections: dict[str, type] | None = None,
     commands: Callable[[Any], Any] | None = None,
 ) -> object:
@@ -344,7 +358,8 @@ def make_plugin(
     hookimpl = hookspecs.hookimpl
     returns = {"task_readers": task_readers, "agent_frameworks": agent_frameworks, "judges": judges,
                "backbones": backbones, "engines": engines, "tool_parsers": tool_parsers,
-               "reasoning_parsers": reasoning_parsers}
+               "reasoning_parsers": reasoning_parsers, "advantage_estimators": advantage_estimators,
+               "policy_losses": policy_losses}
     namespace: dict[str, Any] = {}
     for kind, classes in returns.items():
         if classes:

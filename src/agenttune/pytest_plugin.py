@@ -25,7 +25,7 @@ def register_plugin() -> Iterator[Callable[..., object]]:
 
     Call it with a module or object holding `@agenttune.hookimpl` functions, or with the classes the
     plugin provides as keywords (task_readers, agent_frameworks, judges, backbones, engines,
-    config_sections, commands). `name=` and `distribution=` set how the plugin is listed. Every plugin
+    tool_parsers, reasoning_parsers, advantage_estimators, policy_losses, config_sections, commands). `name=` and `distribution=` set how the plugin is listed. Every plugin
     registered this way is unregistered when the test ends.
     """
     from agenttune.plugins import registered_plugin

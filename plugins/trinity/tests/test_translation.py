@@ -170,6 +170,9 @@ def test_trinity_validation_errors_are_user_errors(make_config, tmp_path: Path):
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"trainer": {"lr_schedule": "linear"}}, "trainer.lr_schedule = 'linear'"),
     ({"algorithm": {"norm_adv_by_std": False}}, "algorithm.norm_adv_by_std = false"),
+    ({"algorithm": {"adv_estimator": "rloo"}}, "algorithm.adv_estimator = 'rloo' is not available"),
+    ({"algorithm": {"policy_loss": "my_loss"}}, "algorithm.policy_loss = 'my_loss' has no equivalent"),
+    ({"algorithm": {"dynamic_sampling": {"enable": True}}}, "algorithm.dynamic_sampling is not translated"),
 ])
 def test_what_trinity_cannot_do_is_refused(make_config, overrides, message):
     from agenttune_trinity.backbone import TrinityBackbone
@@ -288,3 +291,13 @@ def test_async_with_validation_is_refused_and_the_suggested_mode_validates(make_
                              **validating), tmp_path)
     check_and_update(cfg)
     assert len(cfg.buffer.explorer_input.eval_tasksets) == 1 and cfg.synchronizer.sync_offset == 1
+
+
+@pytest.mark.parametrize(("loss", "trinity_loss", "aggregation"), [("ppo_clip", "ppo", "token-mean"),
+                                                                    ("gspo", "gspo", "seq-mean-token-mean"),
+                                                                    ("cispo", "cispo", "token-mean")])
+def test_each_policy_loss_becomes_trinitys_own(make_config, tmp_path: Path, loss, trinity_loss, aggregation):
+    cfg = loaded(make_config(algorithm={"policy_loss": loss, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28}), tmp_path)
+    assert cfg.algorithm.policy_loss_fn == trinity_loss and cfg.algorithm.loss_agg_mode == aggregation
+    assert cfg.algorithm.policy_loss_fn_args["clip_range_low"] == 0.2
+    assert cfg.algorithm.policy_loss_fn_args["clip_range_high"] == 0.28

@@ -37,6 +37,10 @@ PATHS = VerlPaths("/run/train.parquet", "/run/val.parquet", "/run/loops.yaml", "
 EXPECTED = {
     "algorithm.adv_estimator": "grpo",
     "algorithm.norm_adv_by_std_in_grpo": False,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "algorithm.filter_groups.enable": False,
+    "algorithm.filter_groups.metric": "reward",
+    "algorithm.filter_groups.max_num_gen_batches": 5,
     "algorithm.use_kl_in_reward": False,
     "critic.enable": False,
     "actor_rollout_ref.actor.use_kl_loss": True,

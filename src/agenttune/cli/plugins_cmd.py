@@ -26,7 +26,8 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print a JSO
     for column in ("name", "version", "distribution", "provides"):
         table.add_column(column)
     for info in infos:
-        provides = "; ".join(f"{KINDS[kind][1]}s: {', '.join(names)}" for kind, names in info.provides.items() if names)
+        provides = "; ".join(f"{_plural(KINDS[kind][1])}: {', '.join(names)}"
+                             for kind, names in info.provides.items() if names)
         if info.config_sections:
             provides += ("; " if provides else "") + f"config sections: {', '.join(info.config_sections)}"
         if info.problem:
@@ -35,6 +36,10 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print a JSO
             provides += f"\n[yellow]DEPRECATED IMPORT: {deprecation}[/]"
         table.add_row(info.name, info.version, info.distribution, provides)
     Console().print(table)
+
+
+def _plural(label: str) -> str:
+    return label + ("es" if label.endswith("s") else "s")
 
 
 @app.command("new")

@@ -46,6 +46,10 @@ class JudgeResult(BaseModel):
     reward: float = Field(description="The scalar reward used for training.")
     success: bool = Field(default=False, description="Whether the task counts as solved.")
     details: dict[str, Any] = Field(default_factory=dict, description="Anything worth logging.")
+    turn_rewards: list[float] | None = Field(
+        default=None, description="Optional: a reward for each model call of the episode, in the order of the calls "
+                                  "(`len(judge_input.messages)`'s assistant turns of one agent). Estimators that use "
+                                  "them (turn_grpo) give each call its own advantage; the others read only `reward`.")
 
 
 class Judge(Component):

@@ -310,6 +310,7 @@ class RolloutEngine:
         finally:  # also when it failed: how long a judge ran before its timeout fired is worth seeing
             episode.metrics["judge_s"] = time.perf_counter() - started
         episode.reward, episode.success = result.reward, result.success
+        episode.turn_rewards = _turn_rewards(result, episode, type(self.judge))
         episode.judge_details = result.details
         if output.reward is not None:
             episode.judge_details = {**result.details, "workflow_reward": output.reward}
@@ -360,6 +361,18 @@ def _judge_result(value: Any, judge_cls: type) -> JudgeResult:
     if not math.isfinite(result.reward):
         raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR, f"{where} returned a non-finite reward ({result.reward})")
     return result
+
+
+def _turn_rewards(result: JudgeResult, episode: Episode, judge_cls: type) -> list[float] | None:
+    """The judge's per-call rewards, one per call of the episode (a mismatch is the judge's error)."""
+    turns = result.turn_rewards
+    if turns is None:
+        return None
+    if len(turns) != episode.num_calls or not all(math.isfinite(value) for value in turns):
+        raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR,
+                             f"{judge_cls.__qualname__}.judge returned {len(turns)} turn_rewards for an episode of "
+                             f"{episode.num_calls} model calls (they must be finite, one per call, in order)")
+    return list(turns)
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agenttune.backbones.local.advantages import group_advantages
+from agenttune.backbones.local.advantages import StepAdvantages, step_advantages
 from agenttune.backbones.local.batching import build_items, micro_batches
 from agenttune.config import AgentTuneConfig
 from agenttune.config_loader import load_config
 from agenttune.episode import Episode, EpisodeStatus, Sample
+from agenttune.estimators.outcome import GRPOEstimator, GRPOOptions
 from agenttune.task import Task
 
 torch = pytest.importorskip("torch")
@@ -48,6 +49,12 @@ def step_episodes(step: int, groups: int = 3, repeat: int = 4) -> list[Episode]:
 
 
 # -- advantages -------------------------------------------------------------------------------------
+def group_advantages(episodes: list[Episode], norm_by_std: bool = True) -> StepAdvantages:
+    """GRPO's advantages of the informative groups (zero_variance_groups: drop)."""
+    estimator = GRPOEstimator(GRPOOptions(norm_by_std=norm_by_std))
+    return step_advantages(episodes, estimator, zero_variance="drop")
+
+
 def reference_advantages(rewards_by_group: dict[str, list[float]], norm: bool) -> dict[str, float]:
     """An independent computation with the statistics module (sample std, as verl and TRL)."""
     expected = {}
@@ -200,12 +207,32 @@ def test_training_moves_the_policy_towards_rewarded_tokens():
     assert after[0] > before[0] + 0.5 and after[1] < before[1] - 0.5
 
 
-def test_zero_variance_steps_change_nothing_but_the_schedule():
-    trainer = make_trainer(make_config())
+@pytest.mark.parametrize(("mode", "samples"), [("keep", 4), ("drop", 0)])
+def test_zero_variance_steps_change_nothing_but_the_schedule(mode, samples):
+    """keep: the group's samples are in the batch with advantage 0 (verl's denominator); drop: left out."""
+    trainer = make_trainer(make_config(algorithm={"zero_variance_groups": mode}))
     before = parameters(trainer.model)
     metrics = trainer.step([episode("g", i, 1.0, [random_sample(random.Random(i))]) for i in range(4)])
-    assert metrics["train/zero_variance_groups"] == 1 and metrics["train/samples"] == 0
+    assert metrics["train/zero_variance_groups"] == 1 and metrics["train/samples"] == samples
     assert all(torch.equal(before[name], value) for name, value in parameters(trainer.model).items())
+
+
+def test_keep_puts_zero_variance_tokens_in_the_token_mean_denominator():
+    """The same informative group trains with a smaller loss scale when a zero-variance group is kept:
+    pg_loss = sum(A * tokens) / all trained tokens (verl's token-mean), not / the informative tokens."""
+    rng = random.Random(3)
+    informative = [episode("a", i, float(i % 2), [random_sample(rng)]) for i in range(4)]
+    flat = [episode("b", i, 1.0, [random_sample(rng)]) for i in range(4)]
+    losses = {}
+    for mode in ("keep", "drop"):
+        trainer = make_trainer(make_config(algorithm={"zero_variance_groups": mode}))
+        metrics = trainer.step(informative + flat)
+        losses[mode] = (metrics["train/pg_loss"], metrics["train/trained_tokens"])
+    informative_tokens = sum(s.num_trained_tokens for e in informative for s in e.samples)
+    flat_tokens = sum(s.num_trained_tokens for e in flat for s in e.samples)
+    assert losses["drop"][1] == informative_tokens and losses["keep"][1] == informative_tokens + flat_tokens
+    assert losses["keep"][0] == pytest.approx(losses["drop"][0] * informative_tokens / (informative_tokens + flat_tokens),
+                                              rel=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])

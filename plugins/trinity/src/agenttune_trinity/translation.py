@@ -178,8 +178,21 @@ def lr_scheduler(config: AgentTuneConfig) -> str:
     return schedule
 
 
+# agenttune's policy loss -> Trinity-RFT 0.6.0's policy_loss_fn (all three take clip_range_low/high)
+TRINITY_LOSSES = {"ppo_clip": "ppo", "gspo": "gspo", "cispo": "cispo"}
+
+
 def grpo_algorithm(config: AgentTuneConfig) -> str:
-    if not config.algorithm.norm_adv_by_std:
+    algorithm = config.algorithm
+    if algorithm.adv_estimator != "grpo":
+        raise UserError(
+            f"algorithm.adv_estimator = {algorithm.adv_estimator!r} is not available with the trinity backbone: "
+            "agenttune hands Trinity-RFT an agent episode as one or more samples, and only its multi_step_grpo "
+            "advantage (step_wise_grpo) takes each episode's reward once and gives all its samples the same "
+            "advantage; Trinity's rloo and reinforceplusplus advantages count every sample as an episode.",
+            hint="Use algorithm.adv_estimator: grpo with --backbone trinity, or train this estimator with "
+                 "--backbone local or verl.")
+    if not algorithm.norm_adv_by_std or algorithm.estimator_options.get("norm_by_std") is False:
         raise UserError("algorithm.norm_adv_by_std = false is not available with the trinity backbone: "
                         "Trinity-RFT's GRPO always divides group-centred rewards by the group's std.",
                         hint="Remove algorithm.norm_adv_by_std, or set trinity.algorithm.advantage_fn "
@@ -188,6 +201,28 @@ def grpo_algorithm(config: AgentTuneConfig) -> str:
     # GRPO groups by task, takes each run's reward once, and broadcasts its advantage to every sample
     # of the run; with one sample per episode it is plain GRPO.
     return "multi_step_grpo"
+
+
+def policy_loss_fn(config: AgentTuneConfig) -> str:
+    algorithm = config.algorithm
+    if algorithm.policy_loss not in TRINITY_LOSSES:
+        raise UserError(f"algorithm.policy_loss = {algorithm.policy_loss!r} has no equivalent among Trinity-RFT's "
+                        "policy losses.",
+                        hint=f"Use one of {', '.join(TRINITY_LOSSES)} with --backbone trinity, or --backbone local.")
+    for name, on in (("dynamic_sampling", algorithm.dynamic_sampling.enable),
+                     ("overlong_shaping", algorithm.overlong_shaping.enable),
+                     ("zero_variance_groups: drop", algorithm.zero_variance_groups == "drop")):
+        if on:
+            raise UserError(f"algorithm.{name} is not translated for the trinity backbone: agenttune does not yet "
+                            "map it onto Trinity-RFT's sample strategies and reward shaping.",
+                            hint="Turn it off for --backbone trinity, or use --backbone local (or verl, which has "
+                                 "dynamic sampling as filter_groups).")
+    return TRINITY_LOSSES[algorithm.policy_loss]
+
+
+def loss_agg_mode(config: AgentTuneConfig) -> str:
+    """GSPO is defined with a per-sequence mean (as agenttune's gspo and Trinity's own default)."""
+    return "seq-mean-token-mean" if config.algorithm.policy_loss == "gspo" else config.algorithm.loss_agg_mode
 
 
 # -- asynchronous training (trainer.mode, trainer.max_staleness) -------------------------------------
@@ -264,12 +299,12 @@ TRANSLATIONS: tuple[Translation, ...] = (
     # algorithm: GRPO, group size = num_repeat
     _t("algorithm.algorithm_type", "algorithm.adv_estimator (grpo → multi_step_grpo)", lambda c, p: grpo_algorithm(c)),
     _t("algorithm.repeat_times", "rollout.num_repeat", lambda c, p: c.rollout.num_repeat),
-    _t("algorithm.policy_loss_fn", "(PPO clipped surrogate)", lambda c, p: "ppo"),
+    _t("algorithm.policy_loss_fn", "algorithm.policy_loss (ppo_clip → ppo, gspo, cispo)", lambda c, p: policy_loss_fn(c)),
     _t("algorithm.policy_loss_fn_args.clip_range_low", "algorithm.clip_ratio_low",
        lambda c, p: c.algorithm.clip_ratio_low),
     _t("algorithm.policy_loss_fn_args.clip_range_high", "algorithm.clip_ratio_high",
        lambda c, p: c.algorithm.clip_ratio_high),
-    _t("algorithm.loss_agg_mode", "algorithm.loss_agg_mode", lambda c, p: c.algorithm.loss_agg_mode),
+    _t("algorithm.loss_agg_mode", "algorithm.loss_agg_mode (gspo: seq-mean-token-mean)", lambda c, p: loss_agg_mode(c)),
     _t("algorithm.kl_penalty_fn", "(none: KL goes into the loss)", lambda c, p: "none"),
     _t("algorithm.kl_loss_fn", "algorithm.kl_estimator (none when algorithm.kl_coef is 0)", lambda c, p: kl_loss(c)),
     _t("algorithm.kl_loss_fn_args.kl_coef", "algorithm.kl_coef", lambda c, p: c.algorithm.kl_coef),

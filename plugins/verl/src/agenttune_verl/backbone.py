@@ -6,6 +6,7 @@ import importlib.util
 from typing import Any, ClassVar
 
 from agenttune.plugin_api import AgentTuneConfig, Backbone, Run, UserError, missing_validation_split
+from agenttune_verl.objectives import objective_problems
 from agenttune_verl.options import VerlOptions
 from agenttune_verl.translation import VerlPaths, total_gpus
 
@@ -79,4 +80,5 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
             hint="Make data.train_batch_size x rollout.num_repeat a multiple of the number of GPUs."))
     if validation := missing_validation_split(config):
         problems.append(validation)
+    problems += objective_problems(config)
     return problems

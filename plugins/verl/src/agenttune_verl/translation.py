@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.plugin_api import AgentTuneConfig
+from agenttune_verl import objectives
 
 AGENT_LOOP_NAME = "agenttune"
 
@@ -117,10 +118,17 @@ def _correction_option(name: str) -> Value:
 
 
 TRANSLATIONS: tuple[Translation, ...] = (
-    # algorithm: GRPO, group size = num_repeat
-    _t("algorithm.adv_estimator", "algorithm.adv_estimator", lambda c, p: c.algorithm.adv_estimator),
-    _t("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std",
-       lambda c, p: c.algorithm.norm_adv_by_std),
+    # algorithm: the estimator and loss (objectives.py), group size = num_repeat
+    _t("algorithm.adv_estimator", "algorithm.adv_estimator (dr_grpo → grpo)", lambda c, p: objectives.adv_estimator(c)),
+    _t("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std (dr_grpo: false)",
+       lambda c, p: objectives.norm_adv_by_std(c)),
+    _t("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.policy_loss (ppo_clip → vanilla)",
+       lambda c, p: objectives.loss_mode(c)),
+    _t("algorithm.filter_groups.enable", "algorithm.dynamic_sampling.enable",
+       lambda c, p: c.algorithm.dynamic_sampling.enable),
+    _t("algorithm.filter_groups.metric", "(always reward: groups without reward spread)", lambda c, p: "reward"),
+    _t("algorithm.filter_groups.max_num_gen_batches", "algorithm.dynamic_sampling.max_retries + 1",
+       lambda c, p: objectives.max_num_gen_batches(c)),
     _t("algorithm.use_kl_in_reward", "(always false: KL goes into the loss)", lambda c, p: False),
     _t("critic.enable", "(always false: GRPO has no critic)", lambda c, p: False),
     _t("actor_rollout_ref.actor.use_kl_loss", "algorithm.kl_coef > 0", lambda c, p: c.algorithm.kl_coef > 0),
@@ -131,8 +139,8 @@ TRANSLATIONS: tuple[Translation, ...] = (
        lambda c, p: c.algorithm.clip_ratio_low),
     _t("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high",
        lambda c, p: c.algorithm.clip_ratio_high),
-    _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode",
-       lambda c, p: c.algorithm.loss_agg_mode),
+    _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode (gspo: seq-mean-token-mean)",
+       lambda c, p: objectives.loss_agg_mode(c)),
     # rollout correction: the same option names on both sides (agenttune took verl's)
     *(_t(f"algorithm.rollout_correction.{name}", f"algorithm.rollout_correction.{name}", _correction_option(name))
       for name in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",

@@ -3,10 +3,11 @@
 This module only declares the backbone; torch, transformers and peft are imported when it runs,
 so listing plugins stays fast. The pieces:
 
-    loop.py         roll out -> GRPO step -> validate -> checkpoint, with progress and metrics
-    trainer.py      one GRPO step (advantages, clipped loss, KL, micro-batches, AdamW)
+    loop.py         roll out -> RL step -> validate -> checkpoint, with progress and metrics
+    trainer.py      one step (advantages, policy loss, KL, micro-batches, AdamW)
     options.py      the `local:` section of the config
-    advantages.py   group-normalised advantages      loss.py      the objective
+    advantages.py   what the estimator sees          loss.py      KL penalty, token averaging
+    dynamic_sampling.py  refill the batch with informative groups (DAPO)
     batching.py     samples -> micro-batches         logprobs.py  per-token log-probs
     policy.py       model loading, LoRA, reference   warmup.py    supervised warm-up
     checkpoint.py   save / resume                    export.py    standalone HF model
@@ -61,8 +62,11 @@ class LocalBackbone(Backbone):
             raise UserError(f"local.warmup.data: {warmup!r} does not exist.",
                             hint="Point it at a JSONL file of demonstration conversations, or remove the key.")
         from agenttune.backbones.local.monitor import check_trackers
+        from agenttune.plugins import get_component
 
         check_trackers(config)
+        estimator = get_component("advantage_estimators", config.algorithm.adv_estimator, key="algorithm.adv_estimator")
+        estimator.check_group_size(config.rollout.num_repeat)
 
     def run(self, run: Run) -> None:
         from agenttune.backbones.local.loop import train

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +62,12 @@ class GroupPipeline:
     """
 
     def __init__(self, rollout: Any, next_tasks: Any, *, batch_size: int, bound: int, version: int,
-                 pending: Sequence[Task] = ()):
+                 pending: Sequence[Task] = (), accept: Callable[[Group], bool] | None = None,
+                 max_rejected: int = 0):
         self.rollout, self.next_tasks = rollout, next_tasks
         self.batch_size, self.bound = batch_size, bound
+        # Dynamic sampling: groups `accept` refuses are replaced by fresh ones, at most `max_rejected` a step.
+        self.accept, self.max_rejected = accept, max_rejected
         self.version = self._start_version = version
         self._queued: deque[tuple[int, Task]] = deque()
         self._numbers = itertools.count()
@@ -81,8 +84,10 @@ class GroupPipeline:
     async def next_batch(self) -> tuple[list[Group], dict[str, float]]:
         """The next `batch_size` complete groups fresh enough to train the current version."""
         accepted: list[Group] = []
-        dropped = 0
+        dropped = rejected = 0
         while len(accepted) < self.batch_size:
+            if rejected > self.max_rejected:  # dynamic sampling's retries are spent: train on what there is
+                break
             self._fill()
             while not self._done:
                 self._raise_failure()
@@ -102,11 +107,19 @@ class GroupPipeline:
                 self.dropped += 1  # widens admission by one: a fresh group replaces it
                 log.info("stale group dropped", task=group.task.task_id, oldest=oldest, version=self.version)
                 continue
+            if self.accept is not None and not self.accept(group):
+                rejected += 1
+                self.dropped += 1  # widens admission by one: a fresh group replaces it
+                continue
             accepted.append(group)
         accepted.sort(key=lambda group: group.order)
-        return accepted, {"async/dropped_groups": float(dropped), "async/dropped_groups_total": float(self.dropped),
-                          "async/groups_in_flight": float(len(self._running)),
-                          "async/groups_waiting": float(len(self._done))}
+        metrics = {"async/dropped_groups": float(dropped), "async/dropped_groups_total": float(self.dropped),
+                   "async/groups_in_flight": float(len(self._running)), "async/groups_waiting": float(len(self._done))}
+        if self.accept is not None:
+            metrics.update({"train/dynamic_sampling_discarded_groups": float(rejected),
+                            "train/dynamic_sampling_short": float(self.batch_size - len(accepted)),
+                            "train/informative_groups": float(len(accepted))})
+        return accepted, metrics
 
     def advance(self, version: int) -> None:
         """The rollout weights are now `version`: admit the groups it allows."""

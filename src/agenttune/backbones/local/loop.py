@@ -19,6 +19,7 @@ import torch
 
 import agenttune.backbones.local.checkpoint as checkpoints
 from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
+from agenttune.backbones.local.dynamic_sampling import fill_batch, is_informative
 from agenttune.backbones.local.monitor import Trackers
 from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.policy import (
@@ -32,6 +33,7 @@ from agenttune.backbones.local.progress import TrainingProgress
 from agenttune.backbones.local.report import PLOT_NAME, plot_curves, summary_table
 from agenttune.backbones.local.task_order import TaskOrder
 from agenttune.backbones.local.trainer import GRPOTrainer
+from agenttune.episode import Episode
 from agenttune.errors import UserError
 from agenttune.model_loading import load_tokenizer, resolve_model_path
 from agenttune.rollout.engine import sampling_params
@@ -94,7 +96,8 @@ def prepare(run: Run) -> Setup:
     if resume_from is None and local.warmup.data:
         _warm_up(run, model, tokenizer, local.warmup.data)
     trainer = GRPOTrainer(model, config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
-                          reference=reference_scope(config, model, device))
+                          reference=reference_scope(config, model, device),
+                          estimator=components.estimator, policy_loss=components.policy_loss)
     start_step, pending = 0, []
     if resume_from is not None:
         state = checkpoints.read_state(resume_from)
@@ -213,7 +216,7 @@ async def training_loop(run: Run, setup: Setup) -> None:
             if bound is not None:
                 setup.pipeline = GroupPipeline(
                     session.rollout, setup.order.next_batch, batch_size=config.data.train_batch_size,
-                    bound=bound, version=setup.start_step, pending=setup.pending)
+                    bound=bound, version=setup.start_step, pending=setup.pending, **_group_filter(setup, config))
             with TrainingProgress(setup.total_steps, start_step=setup.start_step) as progress:
                 if config.trainer.val_before_train and setup.start_step == 0 and setup.validation:
                     metrics = await _validate(session, setup, progress, step=0)
@@ -237,6 +240,16 @@ async def training_loop(run: Run, setup: Setup) -> None:
     _finish(run)
 
 
+def _group_filter(setup: Setup, config: Any) -> dict[str, Any]:
+    """Dynamic sampling in asynchronous mode: the pipeline replaces groups without a learning signal."""
+    algorithm = config.algorithm
+    if not algorithm.dynamic_sampling.enable:
+        return {}
+    estimator, overlong = setup.trainer.estimator, algorithm.overlong_shaping
+    return {"accept": lambda group: is_informative(group.episodes, estimator, overlong),
+            "max_rejected": algorithm.dynamic_sampling.max_retries * config.data.train_batch_size}
+
+
 def _every(frequency: int, step: int, last: bool) -> bool:
     """Every `frequency` steps and at the last one; never when `frequency` is 0."""
     return frequency > 0 and (step % frequency == 0 or last)
@@ -244,14 +257,24 @@ def _every(frequency: int, step: int, last: bool) -> bool:
 
 async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:
     started, counted = time.perf_counter(), setup.engine.counters()
-    tasks = setup.order.next_batch()
-    progress.phase(f"rollout: {len(tasks)} tasks x {session.config.rollout.num_repeat}")
-    episodes = await session.rollout.run_tasks(tasks)
+    async def roll_out() -> list[Episode]:
+        tasks = setup.order.next_batch()
+        progress.phase(f"rollout: {len(tasks)} tasks x {session.config.rollout.num_repeat}")
+        return await session.rollout.run_tasks(tasks)
+
+    episodes = trained = await roll_out()
+    algorithm = session.config.algorithm
+    sampling_metrics: dict[str, float] = {}
+    if algorithm.dynamic_sampling.enable:
+        trained, episodes, sampling_metrics = await fill_batch(
+            episodes, roll_out, estimator=setup.trainer.estimator, batch_size=session.config.data.train_batch_size,
+            max_retries=algorithm.dynamic_sampling.max_retries, overlong=algorithm.overlong_shaping)
     rollout_s = time.perf_counter() - started
     metrics = session.record(step, "train", episodes)
+    metrics.update(sampling_metrics)
     progress.phase("training")
     await setup.engine.release_memory()  # an engine with its own weights on this GPU (vllm) sleeps
-    metrics.update(setup.trainer.step(episodes))
+    metrics.update(setup.trainer.step(trained))
     await setup.engine.sync_weights(setup.model, step)  # vllm: wakes, loads the new weights, resets its prefix cache
     _add_perf(metrics, started, rollout_s, setup.order.epoch)
     metrics.update(engine_metrics(counted, setup.engine.counters()))

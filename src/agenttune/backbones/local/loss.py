@@ -1,4 +1,4 @@
-"""The GRPO objective: a clipped policy-ratio loss, an optional KL penalty, and how tokens are averaged.
+"""What the local trainer adds to the policy loss (`agenttune.losses`): the KL penalty, and how tokens are averaged.
 
 All functions take per-token tensors of shape [rows, tokens] with a 0/1 `mask` marking the tokens
 that are trained on (the model's own generated tokens).
@@ -10,28 +10,9 @@ from typing import Literal
 
 import torch
 
+from agenttune.losses.base import LossAggregation
+
 KLEstimator = Literal["k1", "k3"]
-LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
-
-
-def clipped_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's pessimistic objective per token; returns (loss, 1.0 where the clipped branch won).
-
-    `advantages` has one value per row; it broadcasts over the row's tokens.
-    """
-    ratio = torch.exp(logprobs - old_logprobs)
-    advantages = advantages.unsqueeze(-1)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    return loss, (clipped > unclipped).float()
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:

@@ -14,10 +14,10 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from agenttune.backbones.local.advantages import group_advantages
+from agenttune.backbones.local.advantages import per_row, step_advantages
 from agenttune.backbones.local.batching import ItemStats, TrainItem, build_items, micro_batches
 from agenttune.backbones.local.logprobs import Batch, collate, collate_packed, token_logprobs
-from agenttune.backbones.local.loss import aggregate, clipped_policy_loss, kl_penalty
+from agenttune.backbones.local.loss import aggregate, kl_penalty
 from agenttune.backbones.local.offload import CPUOffloadAdamW
 from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.packing import balanced_micro_batches
@@ -26,6 +26,8 @@ from agenttune.backbones.local.rollout_correction import metrics as correction_m
 from agenttune.backbones.local.schedule import lr_factor
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
+from agenttune.estimators.base import AdvantageEstimator
+from agenttune.losses.base import LossInput, PolicyLoss
 from agenttune.run import get_logger
 
 log = get_logger("local")
@@ -43,9 +45,17 @@ class GRPOTrainer:
         pad_token_id: int,
         total_steps: int,
         reference: ReferenceScope | None = None,
+        estimator: AdvantageEstimator | None = None,
+        policy_loss: PolicyLoss | None = None,
     ):
         self.model = model
         self.config = config
+        if estimator is None or policy_loss is None:
+            from agenttune.components import resolve_objective
+
+            estimator, policy_loss = resolve_objective(config)
+        self.estimator, self.policy_loss = estimator, policy_loss
+        self.teacher = _load_teacher(policy_loss, config, model) if policy_loss.needs_teacher else None
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.reference = reference
@@ -75,16 +85,18 @@ class GRPOTrainer:
         started, retries = time.perf_counter(), _allocation_retries(self.device)
         algorithm = self.config.algorithm
         max_prompt_length, max_response_length = self.config.data.length_limits()
-        advantages = group_advantages(episodes, norm_by_std=algorithm.norm_adv_by_std)
+        advantages = step_advantages(episodes, self.estimator, zero_variance=algorithm.zero_variance_groups,
+                                     overlong=algorithm.overlong_shaping)
+        rows, by_row = per_row(episodes, advantages)
         items, item_stats = build_items(
-            episodes, advantages.by_episode,
-            max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+            rows, by_row, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
         )
         metrics = {
             "train/groups": float(advantages.num_groups),
             "train/zero_variance_groups": float(advantages.zero_variance_groups),
             "train/zero_variance_fraction": advantages.zero_variance_fraction,
             "train/failed_episodes_skipped": float(advantages.failed_episodes),
+            "train/overlong_penalty": advantages.overlong_penalty,
             "train/lr": self.optimizer.param_groups[0]["lr"],
             **_item_metrics(item_stats, len(items)),
         }
@@ -140,6 +152,7 @@ class GRPOTrainer:
             if correction.rollout_is_batch_normalize:
                 totals["is_batch_norm_factor"] = normalize(corrections, correction.rollout_is)
         reference = [self._reference_logprobs(batch) for batch in batches] if algorithm.kl_coef > 0 else None
+        teacher = [self._teacher_logprobs(batch) for batch in batches] if self.teacher is not None else None
         for _ in range(local.ppo_epochs):
             for indices in _split(len(batches), local.mini_batches):
                 stats = self._optimizer_update(
@@ -148,6 +161,7 @@ class GRPOTrainer:
                     [reference[i] for i in indices] if reference else None,
                     [corrections[i] for i in indices] if corrections else None,
                     record_first_pass=not scoring_pass,
+                    teacher=[teacher[i] for i in indices] if teacher else None,
                 )
                 _add_stats(totals, stats)
         if corrections is not None:  # counted once, not once per update
@@ -163,6 +177,7 @@ class GRPOTrainer:
         corrections: list[Correction] | None,
         *,
         record_first_pass: bool,
+        teacher: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         algorithm = self.config.algorithm
         masks = [c.mask for c in corrections] if corrections else [batch.mask for batch in batches]
@@ -178,11 +193,14 @@ class GRPOTrainer:
             applied = corrections[index] if corrections else self._bypass_correction(batch, logprobs, stats)
             mask = applied.mask if applied is not None else batch.mask
             policy_loss, clipped = self._policy_loss(batch, logprobs, old[index] if old is not None else None,
-                                                     applied)
+                                                     applied, teacher[index] if teacher is not None else None)
+            if teacher is not None:  # the sampled reverse KL to the teacher, before this update
+                gap = (logprobs.detach() - teacher[index]) * mask
+                stats["teacher_kl_sum"] = stats.get("teacher_kl_sum", 0.0) + float(gap.sum())
             per_token = policy_loss
 
             def share(values: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
-                return aggregate(values, mask, algorithm.loss_agg_mode,
+                return aggregate(values, mask, self.policy_loss.loss_agg_mode or algorithm.loss_agg_mode,
                                  total_tokens=total_tokens, total_sequences=total_rows)
 
             if reference is not None:
@@ -217,7 +235,8 @@ class GRPOTrainer:
         return applied
 
     def _policy_loss(self, batch: Batch, logprobs: torch.Tensor, old: torch.Tensor | None,
-                     applied: Correction | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     applied: Correction | None,
+                     teacher: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token policy loss and where clipping won, with the rollout correction applied."""
         algorithm = self.config.algorithm
         options = algorithm.rollout_correction
@@ -227,10 +246,11 @@ class GRPOTrainer:
             return loss, torch.zeros_like(loss)
         if options.bypass_mode:
             old = batch.sample_logprobs  # the engine's logprobs are π_old: the ratio is the correction
-        loss, clipped = clipped_policy_loss(
-            logprobs, old if old is not None else logprobs.detach(), batch.advantages,
-            clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
-        )
+        output = self.policy_loss(LossInput(
+            logprobs, old if old is not None else logprobs.detach(), batch.advantages, batch.mask,
+            clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high, teacher_logprobs=teacher,
+        ))
+        loss, clipped = output.per_token, output.clipped
         if applied is not None and applied.weights is not None:
             loss = loss * applied.weights
         return loss, clipped
@@ -242,6 +262,11 @@ class GRPOTrainer:
     @torch.no_grad()
     def _logprobs_without_grad(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logprobs(self.model, batch, temperature=self._temperature, with_entropy=True)
+
+    @torch.no_grad()
+    def _teacher_logprobs(self, batch: Batch) -> torch.Tensor:
+        assert self.teacher is not None
+        return token_logprobs(self.teacher, batch, temperature=self._temperature)[0]
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -256,6 +281,24 @@ class GRPOTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _load_teacher(policy_loss: PolicyLoss, config: AgentTuneConfig, student: torch.nn.Module) -> torch.nn.Module:
+    """The distillation teacher, frozen, on the student's device; it must read the student's token ids."""
+    from agenttune.backbones.local.policy import load_pretrained
+    from agenttune.errors import UserError
+    from agenttune.model_loading import resolve_model_path
+
+    path = policy_loss.options.teacher  # type: ignore[attr-defined]
+    teacher = load_pretrained(resolve_model_path(path), config, next(student.parameters()).device)
+    sizes = [model.get_input_embeddings().num_embeddings for model in (teacher, student)]  # type: ignore[operator]
+    if sizes[0] != sizes[1]:
+        raise UserError(f"The distillation teacher {path!r} has a vocabulary of {sizes[0]} tokens, the student "
+                        f"({config.model.path!r}) one of {sizes[1]}: the teacher must score the student's token ids.",
+                        hint="Distil from a teacher of the same model family (the same tokenizer).")
+    log.info("distillation teacher loaded", teacher=path)
+    teacher.requires_grad_(False)
+    return teacher.eval()
 
 
 def _split(count: int, parts: int) -> Iterator[list[int]]:
@@ -303,6 +346,8 @@ def _finish_metrics(totals: dict[str, float], batches: list[Batch]) -> dict[str,
     }
     if "kl_sum" in totals:
         metrics["train/kl"] = totals["kl_sum"] / trained
+    if "teacher_kl_sum" in totals:
+        metrics["train/teacher_reverse_kl"] = totals["teacher_kl_sum"] / trained
     corrections = {key[3:]: value for key, value in totals.items() if key.startswith("rc_")}
     if corrections:
         metrics.update(correction_metrics(corrections))

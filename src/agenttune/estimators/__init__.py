@@ -1,0 +1,1 @@
+"""Advantage estimators: the contract (`base.py`) and the built-ins (`outcome.py`, `turns.py`, `rejection.py`)."""
