@@ -65,7 +65,10 @@ async def test_cleanups_run_after_the_judge_and_after_failures(mode: str, status
     tasks_file.write_text('{"query": "q"}\n')
     config = build_config({
         "workflow": "test_judges_episode_cleanup:OpensResource",
-        "judge": {"type": "custom", "judge_protocol": "test_judges_episode_cleanup:UsesResource"},
+        # In this process: the judge reads the live object the workflow handed it (a worker process
+        # would get a pickled copy) and records into this module's EVENTS.
+        "judge": {"type": "custom", "judge_protocol": "test_judges_episode_cleanup:UsesResource",
+                  "isolation": "thread"},
         "backbone": "debug",
         "task_reader": {"type": "file", "path": str(tasks_file)},  # unused: the test hands the task over
         "model": {"path": TINY},

@@ -182,8 +182,10 @@ class JudgeProcesses:
             except ConnectionError:
                 pass
         for worker in workers:
+            if not worker.alive:
+                continue  # retired (and ended) by a call that failed or was cancelled while the run stopped
+            worker.alive = False  # ours to end now: a call cancelled during the join leaves it alone
             await asyncio.to_thread(worker.process.join, STOP_TIMEOUT_S)
-            worker.alive = False
             _end(worker)
 
     # -- one call ------------------------------------------------------------------------------------------
@@ -239,7 +241,8 @@ class JudgeProcesses:
         if worker.alive:
             worker.alive = False
             _end(worker)
-            self._all.remove(worker)
+            if worker in self._all:  # stop() may have taken the list already
+                self._all.remove(worker)
 
     # -- the pool ------------------------------------------------------------------------------------------
     async def _take(self) -> _Worker:
