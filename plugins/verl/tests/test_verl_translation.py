@@ -19,7 +19,7 @@ CUSTOM = {
     "project_name": "proj",
     "experiment_name": "exp",
     "model": {"path": "/models/qwen", "tokenizer": "/models/tok", "trust_remote_code": True,
-              "max_model_len": 6144, "dtype": "float16"},
+              "max_model_len": 24576, "dtype": "float16"},
     "algorithm": {"norm_adv_by_std": False, "kl_coef": 0.01, "kl_estimator": "k1", "clip_ratio_low": 0.1,
                   "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean",
                   "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_3.0",
@@ -80,7 +80,7 @@ EXPECTED = {
     "actor_rollout_ref.rollout.val_kwargs.temperature": 0.6,
     "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
     "actor_rollout_ref.rollout.calculate_log_probs": True,
-    "actor_rollout_ref.rollout.max_model_len": 6144,
+    "actor_rollout_ref.rollout.max_model_len": 24576,
     "actor_rollout_ref.rollout.dtype": "float16",
     "actor_rollout_ref.rollout.seed": 7,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
@@ -170,7 +170,7 @@ def test_generated_config_passes_verls_own_validation(tiny_model_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    config = config_with(**{**CUSTOM, "model": {"path": str(tiny_model_path)}})
+    config = config_with(**{**CUSTOM, "model": {"path": str(tiny_model_path), "max_model_len": 24576}})
     verl_config = build_verl_config(config, PATHS)
     validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
                     use_critic=need_critic(verl_config))
@@ -221,11 +221,11 @@ def test_native_config_is_complete_and_resolved():
 def test_config_show_prints_the_verl_config(tmp_path, capsys):
     from agenttune.plugin_api import cli_main as main
 
-    conf = tmp_path / "c.yaml"
-    conf.write_text("model: {path: /models/qwen}\nrollout: {num_repeat: 5}\n"
-                    "verl: {trainer: {balance_batch: false}}\n", encoding="utf-8")
+    # No --conf: `config show` then resolves no workflow or data (with a file it checks every reference
+    # a run needs, and /models/qwen does not exist here); the overrides go through the same loader.
     try:
-        main(["config", "show", "--conf", str(conf), "--backbone", "verl"])
+        main(["config", "show", "--backbone", "verl", "model.path=/models/qwen", "rollout.num_repeat=5",
+              "verl.trainer.balance_batch=false"])
     except SystemExit as exit_:  # click's way of finishing a command
         assert exit_.code in (0, None)
     out = capsys.readouterr().out
@@ -301,7 +301,7 @@ def test_main_ppo_picks_verls_trainer_for_the_mode(tiny_model_path, mode, max_st
     from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.utils.config import validate_config
 
-    config = config_with(**{**CUSTOM, "model": {"path": str(tiny_model_path)},
+    config = config_with(**{**CUSTOM, "model": {"path": str(tiny_model_path), "max_model_len": 24576},
                                 "trainer": {**CUSTOM["trainer"], "mode": mode, "max_staleness": max_staleness}})
     verl_config = build_verl_config(config, PATHS)
     validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
