@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import structlog
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
 from agenttune.engines.scripted import ScriptedEngine
@@ -138,6 +140,27 @@ async def test_a_crashing_judge_and_a_forking_one_end_their_own_episodes_and_lea
                         "ok": EpisodeStatus.OK}
     assert "worker process died (exit code 9)" in episodes[0].error
     assert orphans() == []
+
+
+class HandsOverALiveObject(Workflow):
+    """Hands the judge a lock (a live object, as an environment client or a sandbox would be)."""
+
+    async def execute(self, task, tuner):
+        tuner.update_judge_input_dictionary(lock=threading.Lock(), final_answer="42")
+        return WorkflowOutput()
+
+
+async def test_episodes_whose_judge_input_cannot_be_pickled_are_judged_in_this_process_with_one_warning():
+    config = tiny_config(rollout={"num_repeat": 3, "compute_madness_checklist": []}, judge={"timeout": 30})
+    with structlog.testing.capture_logs() as logs:
+        async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
+            async with RolloutEngine(config, gateway, HandsOverALiveObject, FaultyJudge()) as rollout:
+                assert rollout._judge_processes is not None  # process isolation was chosen
+                episodes = await rollout.run_tasks([Task(task_id="t", query="q")])
+    assert [(episode.status, episode.reward) for episode in episodes] == [(EpisodeStatus.OK, 1.0)] * 3
+    warnings = [log for log in logs if "cannot be pickled" in log["event"]]
+    assert len(warnings) == 1 and "lock" in warnings[0]["error"], warnings
+    assert "judge.isolation: thread" in warnings[0]["hint"]
 
 
 def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):

@@ -70,7 +70,7 @@ async def test_raising_and_looping_agents_are_isolated(tiny_tokenizer):
     from agenttune.plugin_api import Gateway
 
     # (max_turns: the looping agent must run into the timeout, not the gateway's turn limit)
-    config = make_config(rollout={"episode_timeout": 3.0, "num_repeat": 1, "max_env_worker": 4, "max_turns": 10**6})
+    config = make_config(rollout={"episode_timeout": 3.0, "num_repeat": 1, "max_env_worker": 4, "max_turns": 100_000})
     looping_call = tiny_tokenizer.encode(tool_call("wait_tool", '{"seconds": 0.1}'), add_special_tokens=False)
 
     def respond(prompt_ids, sampling):

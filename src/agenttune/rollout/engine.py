@@ -24,7 +24,13 @@ from agenttune.episode import Episode, EpisodeStatus
 from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.gc import rollout_gc
-from agenttune.rollout.judging import JudgeCallFailed, JudgeProcesses, call_judge, isolation_of
+from agenttune.rollout.judging import (
+    JudgeCallFailed,
+    JudgeInputNotSendable,
+    JudgeProcesses,
+    call_judge,
+    isolation_of,
+)
 from agenttune.rollout.loop_watchdog import LoopBlocked, LoopWatchdog
 from agenttune.rollout.running import call_workflow, describe
 from agenttune.rollout.workers import WorkflowProcesses
@@ -100,6 +106,7 @@ class RolloutEngine:
         self._judge_isolation = isolation_of(judge, config.judge) if judge is not None else "loop"
         self._judge_processes = JudgeProcesses(judge, config.judge) if (
             judge is not None and self._judge_isolation == "process") else None
+        self._warned_unsendable = False
         # Workflows in this process: one that blocks the event loop is interrupted at its deadline.
         self._loop_watchdog = LoopWatchdog()
 
@@ -318,13 +325,28 @@ class RolloutEngine:
     async def _call_judge(self, judge_input: JudgeInput) -> JudgeResult:
         assert self.judge is not None
         try:
-            if self._judge_processes is not None:
-                value = await self._judge_processes.call(judge_input)
-            else:
-                value = await call_judge(self.judge, judge_input, self.config.judge.timeout, self._judge_isolation)
+            value = await self._judge_value(judge_input)
         except JudgeCallFailed as failure:
             raise EpisodeFailure(failure.status, str(failure)) from None
         return _judge_result(value, type(self.judge))
+
+    async def _judge_value(self, judge_input: JudgeInput) -> Any:
+        assert self.judge is not None
+        timeout = self.config.judge.timeout
+        if self._judge_processes is None:
+            return await call_judge(self.judge, judge_input, timeout, self._judge_isolation)
+        try:
+            return await self._judge_processes.call(judge_input)
+        except JudgeInputNotSendable as error:
+            # The workflow handed the judge live objects (a client, a sandbox) that only mean something
+            # in this process: failing every episode would train nothing, so this call runs here.
+            if not self._warned_unsendable:
+                self._warned_unsendable = True
+                log.warning("judge runs in a thread for episodes whose input cannot be pickled", error=str(error),
+                            hint="the workflow hands the judge live objects (tuner.update_judge_input_dictionary); "
+                                 "those calls get judge.timeout but no judge.memory_limit_mb or process-tree kill. "
+                                 "Set judge.isolation: thread to say so, or hand the judge plain data")
+            return await call_judge(self.judge, judge_input, timeout, "thread")
 
     def _apply_madness(self, episode: Episode, madness: list[str]) -> None:
         """A madness hit replaces the reward with `rollout.agent_madness_reward` (the judge's is kept)."""

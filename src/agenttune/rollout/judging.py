@@ -59,6 +59,11 @@ class JudgeCallFailed(Exception):
         self.status = status
 
 
+class JudgeInputNotSendable(Exception):
+    """The judge's input cannot be pickled for a worker process (it holds live objects): nothing was
+    sent, the worker is untouched, and the caller may run this call in its own process instead."""
+
+
 def isolation_of(judge: Judge, config: JudgeConfig) -> str:
     """Where `judge` runs: its class's `isolation` if set, else `judge.isolation`; `thread` for a
     class a worker process could not import by name (defined in a notebook, say)."""
@@ -163,6 +168,9 @@ class JudgeProcesses:
             worker = await self._take()
             try:
                 value = await self._watch(worker, judge_input)
+            except JudgeInputNotSendable:
+                self._idle.append(worker)
+                raise
             except BaseException:
                 self._retire(worker)  # killed, or cancelled mid-call: its state is unknown
                 raise
@@ -194,10 +202,7 @@ class JudgeProcesses:
         try:
             worker.pipe.send(judge_input)
         except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR,
-                                  f"the judge's input cannot be sent to its worker process ({describe(error)}); "
-                                  "hand the judge plain data (tuner.update_judge_input_dictionary), or set "
-                                  "judge.isolation: thread") from None
+            raise JudgeInputNotSendable(describe(error)) from None
         deadline = time.monotonic() + timeout
         reply = asyncio.ensure_future(worker.replies.get())
         try:
