@@ -104,12 +104,13 @@ class JudgeConfig(ComponentSection):
     timeout: float = Field(default=60.0, gt=0, le=86400,
                            description="Seconds a judge may take per episode; past it the episode ends judge_timeout "
                                        "(and, isolated in a process, the judge's whole process tree is killed).")
-    isolation: Literal["process", "thread"] = Field(
+    isolation: Literal["process", "thread", "loop"] = Field(
         default="process",
         description="Where the judge's code runs: process (worker processes: timeout, memory limit and process-tree "
-                    "kill enforced) or thread (a thread of the trainer: timeout only, the thread is abandoned). "
-                    "Built-in judges that only await I/O run on the event loop whatever this says. See "
-                    "docs/reliability.md.")
+                    "kill enforced), thread (a thread of the trainer with its own event loop: timeout only, the "
+                    "thread is abandoned) or loop (the trainer's event loop: for an async judge handed live async "
+                    "clients; the timeout holds while it awaits). Built-in judges that only await I/O run on the "
+                    "event loop whatever this says. See docs/reliability.md.")
     workers: int = Field(default=4, ge=1, le=256, description="Judge worker processes (judge.isolation: process); "
                                                               "each runs one call at a time.")
     memory_limit_mb: float = Field(

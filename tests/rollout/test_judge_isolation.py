@@ -150,7 +150,7 @@ class HandsOverALiveObject(Workflow):
         return WorkflowOutput()
 
 
-async def test_episodes_whose_judge_input_cannot_be_pickled_are_judged_in_this_process_with_one_warning():
+async def test_episodes_whose_judge_input_cannot_be_pickled_are_judged_on_this_loop_with_one_warning():
     config = tiny_config(rollout={"num_repeat": 3, "compute_madness_checklist": []}, judge={"timeout": 30})
     with structlog.testing.capture_logs() as logs:
         async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
@@ -160,7 +160,7 @@ async def test_episodes_whose_judge_input_cannot_be_pickled_are_judged_in_this_p
     assert [(episode.status, episode.reward) for episode in episodes] == [(EpisodeStatus.OK, 1.0)] * 3
     warnings = [log for log in logs if "cannot be pickled" in log["event"]]
     assert len(warnings) == 1 and "lock" in warnings[0]["error"], warnings
-    assert "judge.isolation: thread" in warnings[0]["hint"]
+    assert "judge.isolation: loop" in warnings[0]["hint"]
 
 
 def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):

@@ -339,14 +339,15 @@ class RolloutEngine:
             return await self._judge_processes.call(judge_input)
         except JudgeInputNotSendable as error:
             # The workflow handed the judge live objects (a client, a sandbox) that only mean something
-            # in this process: failing every episode would train nothing, so this call runs here.
+            # in this process -- an async client only on this event loop: failing every episode would
+            # train nothing, so this call runs here, as `judge.isolation: loop` would run it.
             if not self._warned_unsendable:
                 self._warned_unsendable = True
-                log.warning("judge runs in a thread for episodes whose input cannot be pickled", error=str(error),
+                log.warning("judge runs in this process for episodes whose input cannot be pickled", error=str(error),
                             hint="the workflow hands the judge live objects (tuner.update_judge_input_dictionary); "
                                  "those calls get judge.timeout but no judge.memory_limit_mb or process-tree kill. "
-                                 "Set judge.isolation: thread to say so, or hand the judge plain data")
-            return await call_judge(self.judge, judge_input, timeout, "thread")
+                                 "Set judge.isolation: loop to say so, or hand the judge plain data")
+            return await call_judge(self.judge, judge_input, timeout, "loop")
 
     def _apply_madness(self, episode: Episode, madness: list[str]) -> None:
         """A madness hit replaces the reward with `rollout.agent_madness_reward` (the judge's is kept)."""
