@@ -49,3 +49,18 @@ def test_nothing_left_reports_nothing():
     with process_tree.owning_leftovers(reports.append):
         subprocess.run([sys.executable, "-c", "pass"], check=True)
     assert reports == []
+
+
+def test_a_process_kept_after_the_run_is_spared_and_the_others_are_killed():
+    reports: list[list[str]] = []
+    with process_tree.owning_leftovers(reports.append):
+        kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        process_tree.keep_after_run(kept.pid)  # a service the caller started during the run and stops itself
+        left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert kept.poll() is None
+        assert left.wait(timeout=10) is not None  # killed at the run's end
+        assert [report[0].split()[0] for report in reports] == [str(left.pid)]
+    finally:
+        kept.kill()
+        kept.wait()

@@ -48,6 +48,20 @@ def is_subreaper() -> bool:
         return False
 
 
+# Processes started during a run on purpose, to outlive it (see keep_after_run).
+_kept: set[int] = set()
+
+
+def keep_after_run(pid: int) -> None:
+    """Spare process `pid` from the end-of-run kill of `owning_leftovers`.
+
+    For a caller of the in-process API (`train_from_config` in a notebook or a test) that starts a
+    service of its own while a run is going (a restarted environment server, say) and manages it
+    itself: anything else the run's code started is killed when the run ends.
+    """
+    _kept.add(pid)
+
+
 @contextmanager
 def owning_leftovers(on_killed: Callable[[list[str]], None]) -> Iterator[None]:
     """Within: this process adopts its orphaned descendants. On exit: kill the ones started within.
@@ -55,8 +69,9 @@ def owning_leftovers(on_killed: Callable[[list[str]], None]) -> Iterator[None]:
     For a whole run: a worker that crashed (os._exit) cannot take its own subreaper role with it,
     so what it started in a new session would be adopted by init and outlive the run. With the
     trainer a subreaper those land in its tree instead. Processes that were already there on entry,
-    and multiprocessing's own helpers (resource tracker, fork server), are spared; `on_killed`
-    gets `pid command line` of each process killed (nothing is called when there were none). The
+    multiprocessing's own helpers (resource tracker, fork server) and those passed to `keep_after_run`
+    are spared; `on_killed` gets `pid command line` of each process killed (nothing is called when
+    there were none). The
     subreaper flag is put back as it was, so a test process is one only for the run.
     """
     me = os.getpid()
@@ -66,7 +81,7 @@ def owning_leftovers(on_killed: Callable[[list[str]], None]) -> Iterator[None]:
     try:
         yield
     finally:
-        spare = before | _multiprocessing_helpers()
+        spare = before | _multiprocessing_helpers() | _kept
         killed = _kill_rounds(me, spare=spare)
         _reap_adopted(spare)
         if not was_subreaper:
