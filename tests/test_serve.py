@@ -31,6 +31,7 @@ from test_gateway_fuzz import bodies, check, json_values  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a server process with the tiny model
 
+SEED = 7
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
 
@@ -69,11 +70,14 @@ def test_models_and_sync_async_and_streamed_chat(server):
 
     async def asynchronous():
         async_client = openai.AsyncOpenAI(base_url=base_url, api_key="async-conversation", max_retries=0)
-        first = await async_client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}])
+        # Seeded: the random tiny model's reply is the same every run (unseeded, it was now and then
+        # one token long, streamed as a single delta).
+        first = await async_client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
+                                                           seed=SEED)
         stream = await async_client.chat.completions.create(
             model="any", messages=[{"role": "user", "content": "Hi"}, first.choices[0].message.model_dump(
                 exclude_none=True), {"role": "user", "content": "More"}], stream=True,
-            stream_options={"include_usage": True})
+            stream_options={"include_usage": True}, seed=SEED)
         chunks = [chunk async for chunk in stream]
         await async_client.close()
         return chunks
