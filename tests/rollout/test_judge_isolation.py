@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -38,11 +40,12 @@ class HandsOverItsFault(Workflow):
         return WorkflowOutput(metadata={"fault": fault})
 
 
-async def roll_out(task_ids: list[str], num_repeat: int = 1, **judge) -> list:
+async def roll_out(task_ids: list[str], num_repeat: int = 1, workflow: type[Workflow] = HandsOverItsFault,
+                   judge_instance: Judge | None = None, **judge) -> list:
     config = tiny_config(rollout={"num_repeat": num_repeat, "max_env_worker": 16, "compute_madness_checklist": []},
                          judge=judge)
     async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
-        async with RolloutEngine(config, gateway, HandsOverItsFault, FaultyJudge()) as rollout:
+        async with RolloutEngine(config, gateway, workflow, judge_instance or FaultyJudge()) as rollout:
             return await rollout.run_tasks([Task(task_id=task_id, query="q") for task_id in task_ids])
 
 
@@ -138,6 +141,63 @@ async def test_a_crashing_judge_and_a_forking_one_end_their_own_episodes_and_lea
                         "ok": EpisodeStatus.OK}
     assert "worker process died (exit code 9)" in episodes[0].error
     assert orphans() == []
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("this object refuses to be pickled")
+
+
+LIVE: dict[str, object] = {}  # task id -> the live object its workflow hands the judge
+SEEN: list[object] = []  # what the judge saw, when it runs in this process
+
+
+class HandsALiveObject(Workflow):
+    async def execute(self, task, tuner):
+        tuner.update_judge_input_dictionary(final_answer="42", thing=LIVE.get(task.task_id))
+        return WorkflowOutput()
+
+
+class ReadsTheLiveObject(Judge):
+    name = "reads_live_object"
+
+    def judge(self, judge_input):
+        SEEN.append(judge_input.handed["thing"])
+        return JudgeResult(reward=1.0)
+
+
+@pytest.mark.slow
+async def test_handed_objects_a_worker_cannot_get_fail_their_episode_with_the_fix_and_thread_isolation_works():
+    """`judge_input.handed` crosses to the worker process pickled: a lock cannot be pickled, an object
+    whose __reduce__ raises used to end the whole batch, and an object of a module only the trainer
+    has (built at run time) used to kill the worker ("died (exit code 1)"). Each now fails only its
+    episode, naming the value and `judge.isolation: thread`; with that setting the judge reads the
+    very objects the workflow handed."""
+    ghost = types.ModuleType("agenttune_test_ghost")  # a module no worker process can import
+    exec("class Ghost:\n    pass\n", ghost.__dict__)  # noqa: S102
+    sys.modules[ghost.__name__] = ghost
+    try:
+        LIVE.update(lock=threading.Lock(), refuses=Unpicklable(), ghost=ghost.Ghost(), plain={"answer": 42})
+        tasks = ["lock", "refuses", "ghost", "plain"]
+        episodes = await roll_out(tasks, workflow=HandsALiveObject, judge_instance=ReadsTheLiveObject(), workers=1)
+        by_task = {episode.task.task_id: episode for episode in episodes}
+        assert by_task["plain"].status is EpisodeStatus.OK and by_task["plain"].reward == 1.0
+        for task_id in ("lock", "refuses", "ghost"):
+            episode = by_task[task_id]
+            assert episode.status is EpisodeStatus.JUDGE_ERROR, (task_id, episode.error)
+            assert "judge.isolation: thread" in episode.error and "Traceback" not in episode.error, episode.error
+        assert "handed['thing'] (a lock) cannot be pickled (TypeError" in by_task["lock"].error
+        assert "handed['thing'] (a Unpicklable) cannot be pickled (RuntimeError" in by_task["refuses"].error
+        assert "cannot rebuild the judge's input from its pickle (ModuleNotFoundError" in by_task["ghost"].error
+
+        SEEN.clear()
+        episodes = await roll_out(tasks, workflow=HandsALiveObject, judge_instance=ReadsTheLiveObject(),
+                                  isolation="thread")
+        assert [episode.status for episode in episodes] == [EpisodeStatus.OK] * 4
+        assert sorted(map(id, SEEN)) == sorted(map(id, LIVE.values()))  # the live objects, not copies
+    finally:
+        del sys.modules[ghost.__name__]
+        LIVE.clear()
 
 
 def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):

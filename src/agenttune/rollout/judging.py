@@ -16,6 +16,11 @@
 
 A call that fails raises `JudgeCallFailed` with the episode status to record: `judge_timeout`,
 `judge_memory` or `judge_error`. bench/judge_isolation.py measures what each way costs per call.
+
+A worker process gets a pickled copy of the judge's input: live objects the workflow hands over
+(`judge_input.handed`: a client, a lock, an environment handle) either cannot be pickled, which
+fails that episode `judge_error` with a message naming the values and `judge.isolation: thread`,
+or arrive as copies, detached from the trainer's process.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ if TYPE_CHECKING:
     from agenttune.judges.base import Judge, JudgeInput
 
 log = get_logger("judge")
+
+PICKLED_COPY = ("a judge in a worker process (judge.isolation: process, the default) gets a pickled copy of its "
+                "input: hand it plain data (tuner.update_judge_input_dictionary), or set judge.isolation: thread to "
+                "run it in this process with the live objects")
 
 # A worker imports agenttune and the judge's module before it says ready; not part of the call's timeout.
 START_TIMEOUT_S = 120.0
@@ -193,11 +202,8 @@ class JudgeProcesses:
         timeout, limit_mb = self.config.timeout, self.config.memory_limit_mb
         try:
             worker.pipe.send(judge_input)
-        except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR,
-                                  f"the judge's input cannot be sent to its worker process ({describe(error)}); "
-                                  "hand the judge plain data (tuner.update_judge_input_dictionary), or set "
-                                  "judge.isolation: thread") from None
+        except Exception as error:  # whatever an object's __reduce__ raises: that episode's failure, not the batch's
+            raise _unsendable(judge_input, error) from None
         deadline = time.monotonic() + timeout
         reply = asyncio.ensure_future(worker.replies.get())
         try:
@@ -225,6 +231,9 @@ class JudgeProcesses:
         if outcome == "memory":
             raise self._kill(worker, EpisodeStatus.JUDGE_MEMORY,
                              f"the judge ran out of memory (judge.memory_limit_mb={limit_mb:g}): {value}")
+        if outcome == "unreadable":
+            raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge's worker process cannot rebuild the judge's "
+                                                             f"input from its pickle ({value}); {PICKLED_COPY}")
         raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge raised {value}")
 
     def _kill(self, worker: _Worker, status: EpisodeStatus, message: str) -> JudgeCallFailed:
@@ -274,6 +283,24 @@ class JudgeProcesses:
         return worker
 
 
+def _unsendable(judge_input: JudgeInput, error: Exception) -> JudgeCallFailed:
+    """The failure for an input that cannot be pickled, naming the handed values that cannot."""
+    culprits = [f"handed[{key!r}] (a {type(value).__name__})" for key, value in judge_input.handed.items()
+                if not _picklable(value)]
+    what = ", ".join(culprits) or "the judge's input"
+    return JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge's input cannot be sent to its worker process: {what} "
+                                                      f"cannot be pickled ({type(error).__name__}: {error}); "
+                                                      f"{PICKLED_COPY}")
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
+
+
 def _end(worker: _Worker) -> None:
     """Kill a worker's tree (descendants first, while it still adopts their orphans), reap it, free its fds."""
     if worker.process.exitcode is None:  # (an exited worker's pid may already be another process's)
@@ -297,8 +324,15 @@ def serve_judge(sock: socket.socket, judge_cls: type[Judge], options: Any, memor
         channel.send(("error", describe(error)))
         return
     channel.send(("ready", None))
-    while (judge_input := channel.receive()) is not None:
-        reply = _answer(judge, judge_input)  # sent once the call's frames (and what they hold) are gone
+    while True:
+        try:
+            judge_input = channel.receive()
+        except _Unreadable as error:  # the input pickled there but does not unpickle here
+            reply: tuple[str, Any] = ("unreadable", str(error))
+        else:
+            if judge_input is None:
+                break
+            reply = _answer(judge, judge_input)  # sent once the call's frames (and what they hold) are gone
         try:
             channel.send(reply)
         except OSError:  # the parent is gone: nothing to tell
@@ -318,6 +352,10 @@ def _answer(judge: Judge, judge_input: Any) -> tuple[str, Any]:
         return "error", describe(error)
 
 
+class _Unreadable(Exception):
+    """A message arrived whole but does not unpickle in this process."""
+
+
 class _BlockingPipe:
     """The worker's end of MessagePipe's framing (a 4-byte length, a pickle), read with blocking calls."""
 
@@ -332,8 +370,16 @@ class _BlockingPipe:
         self.sock.sendall(len(payload).to_bytes(4, "big") + payload)
 
     def receive(self) -> Any:
+        """The next message; None when the other end closed. Raises _Unreadable for one that does not
+        unpickle (the stream stays in step: the whole message was read)."""
         header = self._exactly(4)
-        return None if header is None else pickle.loads(self._exactly(int.from_bytes(header, "big")) or b"N.")
+        if header is None:
+            return None
+        payload = self._exactly(int.from_bytes(header, "big")) or b"N."
+        try:
+            return pickle.loads(payload)
+        except Exception as error:
+            raise _Unreadable(f"{type(error).__name__}: {error}") from None
 
     def _exactly(self, count: int) -> bytes | None:
         data = bytearray()
