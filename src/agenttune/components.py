@@ -17,7 +17,7 @@ from agenttune.config import GRPO_BACKBONES, READ_TIMEOUT_S, AgentTuneConfig, ch
 from agenttune.config_loader import component_options
 from agenttune.engines.base import InferenceEngine
 from agenttune.errors import UserError
-from agenttune.model_loading import load_tokenizer, resolve_model_path
+from agenttune.model_loading import check_tokenizer, context_window, read_model_config
 from agenttune.plugins import get_component
 from agenttune.readers.deadline import check_splits, read_tasks
 from agenttune.references import load_reference
@@ -167,19 +167,11 @@ def preflight(config: AgentTuneConfig) -> Components:
 
 
 def check_model(config: AgentTuneConfig) -> None:
-    """The model directory's config (architecture, context length) and its tokenizer load."""
-    from transformers import AutoConfig
-
-    source = resolve_model_path(config.model.path)
-    try:
-        model_config = AutoConfig.from_pretrained(source, trust_remote_code=config.model.trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise UserError(f"model.path: cannot read the model's config from {source!r}: {error}",
-                        hint="Point model.path at a model directory with a config.json, or a Hugging Face model "
-                             "id.") from error
-    load_tokenizer(config.model)
-    window = getattr(model_config, "max_position_embeddings", None)
-    if isinstance(window, int) and config.model.max_model_len > window:
+    """The model's config (architecture, context length) and its tokenizer, without its weights; a local
+    model directory is read as files, so this imports neither torch nor transformers (model_loading)."""
+    window = context_window(read_model_config(config.model))
+    check_tokenizer(config.model)
+    if window is not None and config.model.max_model_len > window:
         get_logger("config").warning(
             "model.max_model_len is longer than the model's context window", max_model_len=config.model.max_model_len,
             max_position_embeddings=window, hint="lower model.max_model_len unless the model extrapolates (RoPE scaling)")
