@@ -94,7 +94,7 @@ def check_tokenizer(model: ModelConfig) -> None:
         return
     try:
         from tokenizers import Tokenizer
-    except ImportError:  # transformers brings it: without it, load_tokenizer says what to install
+    except ImportError:  # transformers brings it: without either, this fails as loading it in `train` would
         load_tokenizer(model)
         return
 
