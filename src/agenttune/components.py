@@ -9,17 +9,20 @@ config with the same message. Every failure is a `UserError` naming the config k
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.config import GRPO_BACKBONES, AgentTuneConfig, check_training_signal
+from agenttune.config import GRPO_BACKBONES, READ_TIMEOUT_S, AgentTuneConfig, check_training_signal
 from agenttune.config_loader import component_options
 from agenttune.engines.base import InferenceEngine
 from agenttune.errors import UserError
-from agenttune.model_loading import load_tokenizer, resolve_model_path
+from agenttune.model_loading import check_tokenizer, context_window, read_model_config
 from agenttune.plugins import get_component
+from agenttune.readers.deadline import check_splits, read_tasks
 from agenttune.references import load_reference
 from agenttune.run import get_logger
+from agenttune.task import Task
 from agenttune.workflow import Workflow
 
 
@@ -34,9 +37,15 @@ class Components:
     judge_options: Any
     estimator: Any = None  # the AdvantageEstimator algorithm.adv_estimator names
     policy_loss: Any = None  # the PolicyLoss algorithm.policy_loss names
+    read_timeout: float = READ_TIMEOUT_S  # task_reader.read_timeout
 
     def task_reader(self) -> Any:
         return self.task_reader_cls(self.task_reader_options)
+
+    def read_tasks(self, split: str, *, limit: int | None = None) -> Iterator[Task]:
+        """The tasks of `split` (the first `limit`), each within task_reader.read_timeout of the one before:
+        a reader that hangs raises UserError instead of stalling the run (readers/deadline.py)."""
+        return read_tasks(self.task_reader(), split, timeout=self.read_timeout, limit=limit)
 
     def judge(self) -> Any | None:
         return self.judge_cls(self.judge_options) if self.judge_cls else None
@@ -115,8 +124,7 @@ def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Component
     backbone = get_component("backbones", config.backbone, key="backbone")
     framework = get_component("agent_frameworks", config.agent_framework, key="agent_framework")
     reader = resolve_task_reader(config)
-    if callable(getattr(reader, "check", None)):  # readers not derived from TaskReader may lack it
-        reader.check(configured_splits(config))
+    check_splits(reader, configured_splits(config), timeout=config.task_reader.read_timeout)
     reader_cls, reader_options = type(reader), reader.options
     workflow = resolve_workflow(config)
     if workflow is None and need_workflow:
@@ -129,7 +137,7 @@ def resolve(config: AgentTuneConfig, *, need_workflow: bool = True) -> Component
         estimator.check_group_size(config.rollout.num_repeat)
     backbone.check(config)
     return Components(backbone, framework, reader_cls, reader_options, workflow, judge_cls, judge_options,
-                      estimator, policy_loss)
+                      estimator, policy_loss, read_timeout=config.task_reader.read_timeout)
 
 
 def engine_class(config: AgentTuneConfig) -> type[InferenceEngine]:
@@ -149,9 +157,8 @@ def preflight(config: AgentTuneConfig) -> Components:
     and a config that would train nothing refused."""
     check_training_signal(config)
     components = resolve(config)
-    reader = components.task_reader()
-    for split in configured_splits(config) if getattr(reader, "reads_locally", False) else ():
-        for _ in reader.read(split):  # every row: a broken line or a missing column fails here, not mid-run
+    for split in configured_splits(config) if getattr(components.task_reader_cls, "reads_locally", False) else ():
+        for _ in components.read_tasks(split):  # every row: a broken line or a missing column fails here, not mid-run
             pass
     component_options(engine_class(config), config.engine, "engine")
     if config.model.path:  # a backbone that needs a model says so itself when it is unset (backbone.check)
@@ -160,19 +167,11 @@ def preflight(config: AgentTuneConfig) -> Components:
 
 
 def check_model(config: AgentTuneConfig) -> None:
-    """The model directory's config (architecture, context length) and its tokenizer load."""
-    from transformers import AutoConfig
-
-    source = resolve_model_path(config.model.path)
-    try:
-        model_config = AutoConfig.from_pretrained(source, trust_remote_code=config.model.trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise UserError(f"model.path: cannot read the model's config from {source!r}: {error}",
-                        hint="Point model.path at a model directory with a config.json, or a Hugging Face model "
-                             "id.") from error
-    load_tokenizer(config.model)
-    window = getattr(model_config, "max_position_embeddings", None)
-    if isinstance(window, int) and config.model.max_model_len > window:
+    """The model's config (architecture, context length) and its tokenizer, without its weights; a local
+    model directory is read as files, so this imports neither torch nor transformers (model_loading)."""
+    window = context_window(read_model_config(config.model))
+    check_tokenizer(config.model)
+    if window is not None and config.model.max_model_len > window:
         get_logger("config").warning(
             "model.max_model_len is longer than the model's context window", max_model_len=config.model.max_model_len,
             max_position_embeddings=window, hint="lower model.max_model_len unless the model extrapolates (RoPE scaling)")

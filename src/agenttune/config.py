@@ -40,6 +40,9 @@ MAX_MODEL_LEN = 16 * 1024 * 1024  # tokens; the longest context windows are ~10M
 MAX_REPEAT = 4096  # episodes per task per step
 MAX_EPISODES_PER_STEP = 1_000_000  # train_batch_size x num_repeat, and episodes at once
 MADNESS_CHECKS: tuple[MadnessCheck, ...] = ("nonsense", "wrong_toolcall")
+# Seconds a task reader may take to produce its next task (a first download included) or to check its
+# splits, before the run stops with an error instead of hanging (readers/deadline.py).
+READ_TIMEOUT_S = 600.0
 
 
 class ComponentSection(BaseModel):
@@ -77,6 +80,11 @@ class TaskReaderConfig(ComponentSection):
     type: str = Field(default="file", description="Task reader name: file, huggingface, or one from a plugin.")
     train_split: str = Field(default="train", description="Split used for training.")
     validation_split: str | None = Field(default=None, description="Split used for validation (none: skip).")
+    read_timeout: float = Field(
+        default=READ_TIMEOUT_S, gt=0, le=7 * 86400,
+        description="Seconds the reader may take to produce each next task (the first included, so a first "
+                    "download counts) or to check its splits; past it the run stops with an error naming the "
+                    "reader instead of hanging. See docs/reliability.md.")
 
     @model_validator(mode="before")
     @classmethod

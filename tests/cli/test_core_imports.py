@@ -1,11 +1,13 @@
 """`agenttune --help` and `agenttune plugins list` stay light: they import every plugin module and call
-its hooks, but none of the heavy libraries (checked in a fresh interpreter through sys.modules)."""
+its hooks, but none of the heavy libraries (checked in a fresh interpreter through sys.modules). So
+does `agenttune config check` of a config whose model is a local directory."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +39,16 @@ def test_cli_imports_no_heavy_library(args):
     if args[0] == "plugins":
         assert "agenttune.readers.file" in report["modules"]  # the hooks really ran
         assert "agenttune.readers.huggingface" in report["modules"]
+
+
+@pytest.mark.slow
+def test_config_check_of_a_local_model_imports_no_heavy_library(tiny_model_path):
+    valid = Path(__file__).parents[1] / "config" / "bad_configs" / "valid.yaml"  # tiny://default, built above
+    result = subprocess.run([sys.executable, "-c", SCRIPT, "config", "check", "--conf", valid.name], cwd=valid.parent,
+                            capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, result.stderr
+    imported = {name.split(".")[0] for name in report["modules"]}
+    assert "agenttune.readers.deadline" in report["modules"]  # the tasks were read
+    assert "tokenizers" in imported  # the tokenizer was checked, from its tokenizer.json
+    assert imported & set(HEAVY) == set(), f"`agenttune config check` imported {sorted(imported & set(HEAVY))}"

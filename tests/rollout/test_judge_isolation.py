@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -40,11 +41,12 @@ class HandsOverItsFault(Workflow):
         return WorkflowOutput(metadata={"fault": fault})
 
 
-async def roll_out(task_ids: list[str], num_repeat: int = 1, **judge) -> list:
+async def roll_out(task_ids: list[str], num_repeat: int = 1, workflow: type[Workflow] = HandsOverItsFault,
+                   judge_instance: Judge | None = None, **judge) -> list:
     config = tiny_config(rollout={"num_repeat": num_repeat, "max_env_worker": 16, "compute_madness_checklist": []},
                          judge=judge)
     async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
-        async with RolloutEngine(config, gateway, HandsOverItsFault, FaultyJudge()) as rollout:
+        async with RolloutEngine(config, gateway, workflow, judge_instance or FaultyJudge()) as rollout:
             return await rollout.run_tasks([Task(task_id=task_id, query="q") for task_id in task_ids])
 
 
@@ -142,25 +144,62 @@ async def test_a_crashing_judge_and_a_forking_one_end_their_own_episodes_and_lea
     assert orphans() == []
 
 
-class HandsOverALiveObject(Workflow):
-    """Hands the judge a lock (a live object, as an environment client or a sandbox would be)."""
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("this object refuses to be pickled")
 
+
+LIVE: dict[str, object] = {}  # task id -> the live object its workflow hands the judge
+SEEN: list[object] = []  # what the judge saw, when it runs in this process
+
+
+class HandsALiveObject(Workflow):
     async def execute(self, task, tuner):
-        tuner.update_judge_input_dictionary(lock=threading.Lock(), final_answer="42")
+        tuner.update_judge_input_dictionary(final_answer="42", thing=LIVE.get(task.task_id))
         return WorkflowOutput()
 
 
-async def test_episodes_whose_judge_input_cannot_be_pickled_are_judged_on_this_loop_with_one_warning():
-    config = tiny_config(rollout={"num_repeat": 3, "compute_madness_checklist": []}, judge={"timeout": 30})
-    with structlog.testing.capture_logs() as logs:
-        async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
-            async with RolloutEngine(config, gateway, HandsOverALiveObject, FaultyJudge()) as rollout:
-                assert rollout._judge_processes is not None  # process isolation was chosen
-                episodes = await rollout.run_tasks([Task(task_id="t", query="q")])
-    assert [(episode.status, episode.reward) for episode in episodes] == [(EpisodeStatus.OK, 1.0)] * 3
-    warnings = [log for log in logs if "cannot be pickled" in log["event"]]
-    assert len(warnings) == 1 and "lock" in warnings[0]["error"], warnings
-    assert "judge.isolation: loop" in warnings[0]["hint"]
+class ReadsTheLiveObject(Judge):
+    name = "reads_live_object"
+
+    def judge(self, judge_input):
+        SEEN.append(judge_input.handed["thing"])
+        return JudgeResult(reward=1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolation", ["process", "loop", "thread"])
+async def test_handed_objects_a_worker_cannot_get_are_judged_in_this_process(isolation):
+    """`judge_input.handed` crosses to a worker process pickled: a lock cannot be pickled, an object
+    whose __reduce__ raises used to end the whole batch, and an object of a module only the trainer
+    has (built at run time) used to kill the worker ("died (exit code 1)"); then every such episode
+    failed judge_error, and a run whose workflow hands its judge an environment client trained
+    nothing. Under process isolation those calls now run in this process with one warning naming
+    the value and `judge.isolation: loop`; the judge reads the very objects the workflow handed."""
+    ghost = types.ModuleType("agenttune_test_ghost")  # a module no worker process can import
+    exec("class Ghost:\n    pass\n", ghost.__dict__)  # noqa: S102
+    sys.modules[ghost.__name__] = ghost
+    try:
+        LIVE.update(lock=threading.Lock(), refuses=Unpicklable(), ghost=ghost.Ghost(), plain={"answer": 42})
+        SEEN.clear()
+        with structlog.testing.capture_logs() as logs:
+            episodes = await roll_out(["lock", "refuses", "ghost", "plain"], workflow=HandsALiveObject,
+                                      judge_instance=ReadsTheLiveObject(), workers=1, isolation=isolation)
+        assert [(episode.status, episode.reward) for episode in episodes] == [(EpisodeStatus.OK, 1.0)] * 4
+        live = sorted(map(id, (LIVE["lock"], LIVE["refuses"], LIVE["ghost"])))
+        assert live == sorted(id(thing) for thing in SEEN if not isinstance(thing, dict))  # not copies
+        warnings = [log for log in logs if "cannot be pickled" in log["event"]]
+        if isolation != "process":
+            assert warnings == []
+            return
+        assert len(warnings) == 1, warnings  # one per run
+        assert "judge.isolation: loop" in warnings[0]["hint"] and "Traceback" not in warnings[0]["error"]
+        assert ("handed['thing'] (a lock) cannot be pickled (TypeError" in warnings[0]["error"]
+                or "handed['thing'] (a Unpicklable) cannot be pickled (RuntimeError" in warnings[0]["error"]
+                or "cannot rebuild the judge's input from its pickle (ModuleNotFoundError" in warnings[0]["error"])
+    finally:
+        del sys.modules[ghost.__name__]
+        LIVE.clear()
 
 
 def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):

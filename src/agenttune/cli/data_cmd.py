@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -48,11 +47,12 @@ def preview(
     """Show the first tasks exactly as the configured task reader produces them."""
     from agenttune.components import resolve_task_reader
     from agenttune.config_loader import load_config
+    from agenttune.readers.deadline import read_tasks
 
     config = load_config(conf, overrides or [])
     reader = resolve_task_reader(config)
     split = split or config.task_reader.train_split
-    tasks = list(itertools.islice(reader.read(split), count))
+    tasks = list(read_tasks(reader, split, timeout=config.task_reader.read_timeout, limit=count))
     if as_json:
         for task in tasks:
             typer.echo(task.model_dump_json())

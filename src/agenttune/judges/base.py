@@ -61,8 +61,11 @@ class Judge(Component):
     It must not mutate its input. Raising marks the episode `judge_error`; it never stops the batch.
 
     By default a judge runs in a worker process (config `judge.isolation`), so its class and options
-    must be importable by name and its input is pickled; there `judge.timeout` and
-    `judge.memory_limit_mb` are enforced by killing the worker's whole process tree.
+    must be importable by name and it gets a pickled copy of its input; there `judge.timeout` and
+    `judge.memory_limit_mb` are enforced by killing the worker's whole process tree. A judge that
+    reads live objects from `judge_input.handed` (clients, handles) or shares process-global state
+    with the trainer needs `isolation = "loop"` (async, awaiting a client of the trainer's event loop)
+    or `"thread"` (docs/judges.md).
     """
 
     # Where the rollout engine calls `judge`: None follows the config's `judge.isolation`. "loop": on the

@@ -18,6 +18,11 @@ class TaskReader(Component):
     validated from the other keys of the `task_reader:` section. `read(split)` yields `Task`s with
     ids unique within the split. It raises `UserError` (never returns nothing silently) when the
     source is missing, a required column is absent, or the split is empty.
+
+    agenttune calls `read` and `check` in a thread of their own (readers/deadline.py), so a reader that
+    hangs cannot stall a run: past `task_reader.read_timeout` (600 s) without a next task, or without
+    `check` returning, the run stops with an error naming the reader. `read` may also be an async
+    generator (`async def read(...)` with `yield`): it runs on that thread's own event loop.
     """
 
     # True: reading every task is cheap and needs nothing running (local files, memory), so

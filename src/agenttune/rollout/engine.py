@@ -28,6 +28,7 @@ from agenttune.rollout.judging import (
     JudgeCallFailed,
     JudgeInputNotSendable,
     JudgeProcesses,
+    PICKLED_COPY,
     call_judge,
     isolation_of,
 )
@@ -343,10 +344,8 @@ class RolloutEngine:
             # train nothing, so this call runs here, as `judge.isolation: loop` would run it.
             if not self._warned_unsendable:
                 self._warned_unsendable = True
-                log.warning("judge runs in this process for episodes whose input cannot be pickled", error=str(error),
-                            hint="the workflow hands the judge live objects (tuner.update_judge_input_dictionary); "
-                                 "those calls get judge.timeout but no judge.memory_limit_mb or process-tree kill. "
-                                 "Set judge.isolation: loop to say so, or hand the judge plain data")
+                log.warning("judge runs on the event loop for episodes whose input cannot be pickled", error=str(error),
+                            hint=PICKLED_COPY)
             return await call_judge(self.judge, judge_input, timeout, "loop")
 
     def _apply_madness(self, episode: Episode, madness: list[str]) -> None:

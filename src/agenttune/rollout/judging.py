@@ -16,6 +16,12 @@
 
 A call that fails raises `JudgeCallFailed` with the episode status to record: `judge_timeout`,
 `judge_memory` or `judge_error`. bench/judge_isolation.py measures what each way costs per call.
+
+A worker process gets a pickled copy of the judge's input: live objects the workflow hands over
+(`judge_input.handed`: a client, a lock, an environment handle) either cannot be pickled (or
+rebuilt in the worker) -- `JudgeInputNotSendable`, and the rollout engine judges that episode on
+its event loop instead, with one warning naming the values and `judge.isolation: loop` -- or
+arrive as copies, detached from the trainer's process.
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ if TYPE_CHECKING:
     from agenttune.judges.base import Judge, JudgeInput
 
 log = get_logger("judge")
+
+PICKLED_COPY = ("a judge in a worker process (judge.isolation: process, the default) gets a pickled copy of its "
+                "input, so such calls run on the trainer's event loop instead (judge.timeout holds while the judge "
+                "awaits; no judge.memory_limit_mb or process-tree kill). Set judge.isolation: loop for a judge that "
+                "needs the live objects (an async client is bound to that loop), or hand it plain data "
+                "(tuner.update_judge_input_dictionary)")
 
 # A worker imports agenttune and the judge's module before it says ready; not part of the call's timeout.
 START_TIMEOUT_S = 120.0
@@ -201,8 +213,8 @@ class JudgeProcesses:
         timeout, limit_mb = self.config.timeout, self.config.memory_limit_mb
         try:
             worker.pipe.send(judge_input)
-        except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise JudgeInputNotSendable(describe(error)) from None
+        except Exception as error:  # whatever an object's __reduce__ raises: that episode's failure, not the batch's
+            raise _unsendable(judge_input, error) from None
         deadline = time.monotonic() + timeout
         reply = asyncio.ensure_future(worker.replies.get())
         try:
@@ -230,6 +242,9 @@ class JudgeProcesses:
         if outcome == "memory":
             raise self._kill(worker, EpisodeStatus.JUDGE_MEMORY,
                              f"the judge ran out of memory (judge.memory_limit_mb={limit_mb:g}): {value}")
+        if outcome == "unreadable":  # the worker read the whole message and waits for the next: still usable
+            raise JudgeInputNotSendable(f"the judge's worker process cannot rebuild the judge's input from its "
+                                        f"pickle ({value})")
         raise JudgeCallFailed(EpisodeStatus.JUDGE_ERROR, f"the judge raised {value}")
 
     def _kill(self, worker: _Worker, status: EpisodeStatus, message: str) -> JudgeCallFailed:
@@ -279,6 +294,23 @@ class JudgeProcesses:
         return worker
 
 
+def _unsendable(judge_input: JudgeInput, error: Exception) -> JudgeInputNotSendable:
+    """The input cannot be pickled: name the handed values that cannot."""
+    culprits = [f"handed[{key!r}] (a {type(value).__name__})" for key, value in judge_input.handed.items()
+                if not _picklable(value)]
+    what = ", ".join(culprits) or "the judge's input"
+    return JudgeInputNotSendable(f"the judge's input cannot be sent to its worker process: {what} cannot be "
+                                 f"pickled ({type(error).__name__}: {error})")
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
+
+
 def _end(worker: _Worker) -> None:
     """Kill a worker's tree (descendants first, while it still adopts their orphans), reap it, free its fds."""
     if worker.process.exitcode is None:  # (an exited worker's pid may already be another process's)
@@ -302,8 +334,15 @@ def serve_judge(sock: socket.socket, judge_cls: type[Judge], options: Any, memor
         channel.send(("error", describe(error)))
         return
     channel.send(("ready", None))
-    while (judge_input := channel.receive()) is not None:
-        reply = _answer(judge, judge_input)  # sent once the call's frames (and what they hold) are gone
+    while True:
+        try:
+            judge_input = channel.receive()
+        except _Unreadable as error:  # the input pickled there but does not unpickle here
+            reply: tuple[str, Any] = ("unreadable", str(error))
+        else:
+            if judge_input is None:
+                break
+            reply = _answer(judge, judge_input)  # sent once the call's frames (and what they hold) are gone
         try:
             channel.send(reply)
         except OSError:  # the parent is gone: nothing to tell
@@ -323,6 +362,10 @@ def _answer(judge: Judge, judge_input: Any) -> tuple[str, Any]:
         return "error", describe(error)
 
 
+class _Unreadable(Exception):
+    """A message arrived whole but does not unpickle in this process."""
+
+
 class _BlockingPipe:
     """The worker's end of MessagePipe's framing (a 4-byte length, a pickle), read with blocking calls."""
 
@@ -337,8 +380,16 @@ class _BlockingPipe:
         self.sock.sendall(len(payload).to_bytes(4, "big") + payload)
 
     def receive(self) -> Any:
+        """The next message; None when the other end closed. Raises _Unreadable for one that does not
+        unpickle (the stream stays in step: the whole message was read)."""
         header = self._exactly(4)
-        return None if header is None else pickle.loads(self._exactly(int.from_bytes(header, "big")) or b"N.")
+        if header is None:
+            return None
+        payload = self._exactly(int.from_bytes(header, "big")) or b"N."
+        try:
+            return pickle.loads(payload)
+        except Exception as error:
+            raise _Unreadable(f"{type(error).__name__}: {error}") from None
 
     def _exactly(self, count: int) -> bytes | None:
         data = bytearray()

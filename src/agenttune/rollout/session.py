@@ -12,7 +12,6 @@ owner. Everything the session built is closed on exit, also when the body raises
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ class RolloutSession:
 
     def tasks(self, split: str, *, limit: int | None = None) -> list[Task]:
         """The tasks of `split` from the configured reader (the first `limit` of them)."""
-        tasks = list(itertools.islice(self.components.task_reader().read(split), limit))
+        tasks = list(self.components.read_tasks(split, limit=limit))
         if not tasks:
             raise UserError(f"The task reader ({self.config.task_reader.type!r}) found no tasks in split {split!r}.",
                             hint="Check task_reader's settings and the split names (task_reader.train_split).")

@@ -127,11 +127,10 @@ def require_vllm() -> None:
 
 
 def write_tasksets(components: Components, config: Any, tasks_dir: Path) -> None:
-    reader = components.task_reader()
-    count = write_taskset(reader, config.task_reader.train_split, tasks_dir / "train.jsonl")
+    count = write_taskset(components, config.task_reader.train_split, tasks_dir / "train.jsonl")
     log.info("trinity taskset written", split=config.task_reader.train_split, tasks=count)
     if validates(config):
-        count = write_taskset(reader, config.task_reader.validation_split, tasks_dir / "validation.jsonl")
+        count = write_taskset(components, config.task_reader.validation_split, tasks_dir / "validation.jsonl")
         log.info("trinity taskset written", split=config.task_reader.validation_split, tasks=count)
 
 

@@ -16,22 +16,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agenttune.plugin_api import Task, TaskReader, UserError
+from agenttune.plugin_api import Components, Task, UserError
 
 TASK_COLUMN = "agenttune_task"
 
 
-def write_taskset(reader: TaskReader, split: str, path: Path) -> int:
+def write_taskset(components: Components, split: str, path: Path) -> int:
     """Write every task of `split` to `path` (JSON lines); return how many there were."""
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with path.open("w", encoding="utf-8") as file:
-        for task in reader.read(split):
+        for task in components.read_tasks(split):  # under task_reader.read_timeout
             row = {"task_id": task.task_id, TASK_COLUMN: task.model_dump_json()}
             file.write(json.dumps(row, ensure_ascii=False) + "\n")
             count += 1
     if count == 0:
-        raise UserError(f"The task reader ({reader.name!r}) found no tasks in split {split!r}.",
+        reader = getattr(components.task_reader_cls, "name", "?")
+        raise UserError(f"The task reader ({reader!r}) found no tasks in split {split!r}.",
                         hint="Check task_reader's settings and the split names (task_reader.train_split).")
     return count
 

@@ -63,17 +63,16 @@ def prepare(run: Run, components: Components) -> VerlPaths:
 
 
 def write_datasets(config: AgentTuneConfig, components: Components, paths: VerlPaths) -> None:
-    reader = components.task_reader()
     data_source = f"agenttune/{config.task_reader.type}"
     split = config.task_reader.train_split
-    count = write_tasks(reader.read(split), Path(paths.train_files), split="train", data_source=data_source)
+    count = write_tasks(components.read_tasks(split), Path(paths.train_files), split="train", data_source=data_source)
     if count < config.data.train_batch_size:
         raise UserError(
             f"The train split {split!r} has {count} tasks, fewer than data.train_batch_size="
             f"{config.data.train_batch_size}: verl drops incomplete batches, so it would train for 0 steps.",
             hint="Lower data.train_batch_size or add tasks.")
     if config.task_reader.validation_split is not None:
-        write_tasks(reader.read(config.task_reader.validation_split), Path(paths.val_files), split="validation",
+        write_tasks(components.read_tasks(config.task_reader.validation_split), Path(paths.val_files), split="validation",
                     data_source=data_source)
     log.info("tasks written for verl", train=count, path=paths.train_files)
 

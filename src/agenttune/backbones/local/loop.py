@@ -76,9 +76,8 @@ def prepare(run: Run) -> Setup:
     config = run.config
     _seed_everything(config.trainer.seed)
     components = resolve(config)
-    reader = components.task_reader()
-    train_tasks = _read(reader, config.task_reader.train_split)
-    validation = _read(reader, config.task_reader.validation_split) if config.task_reader.validation_split else []
+    train_tasks = _read(components, config.task_reader.train_split)
+    validation = _read(components, config.task_reader.validation_split) if config.task_reader.validation_split else []
     if config.data.val_batch_size:
         validation = validation[: config.data.val_batch_size]
     order = TaskOrder(train_tasks, config.data.train_batch_size, config.trainer.seed, shuffle=config.data.shuffle)
@@ -111,8 +110,8 @@ def prepare(run: Run) -> Setup:
     return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components, pending=pending)
 
 
-def _read(reader: Any, split: str) -> list[Task]:
-    tasks = list(reader.read(split))
+def _read(components: Any, split: str) -> list[Task]:
+    tasks = list(components.read_tasks(split))
     if not tasks:
         raise UserError(f"The task reader found no tasks in split {split!r}.",
                         hint="Check task_reader's settings and the split names.")
