@@ -25,10 +25,10 @@ from agenttune.judges.base import Judge, JudgeInput, JudgeResult
 from agenttune.rollout.frameworks import FrameworkLoader
 from agenttune.rollout.gc import rollout_gc
 from agenttune.rollout.judging import (
+    PICKLED_COPY,
     JudgeCallFailed,
     JudgeInputNotSendable,
     JudgeProcesses,
-    PICKLED_COPY,
     call_judge,
     isolation_of,
 )
