@@ -43,7 +43,8 @@ class TextCompletions:
         prompt_scores = await self._score(request.prompt_ids) if scored else None
         generated, generated_logprobs, finish = await self._generate(request)
         choice: dict[str, Any] = {
-            "index": 0, "text": self._text(request.prompt_ids if request.echo else []) + self._text(generated),
+            "index": 0, "text": self._text(request.prompt_ids if request.echo else []) + self._text(
+                generated[:-1] if generated and generated[-1] in self.stop_token_ids else generated),
             "logprobs": None, "finish_reason": finish, "prompt_token_ids": request.prompt_ids, "token_ids": generated,
             "prompt_logprobs": None if request.prompt_logprobs is None else self._prompt_entries(
                 request.prompt_ids, prompt_scores or []),
