@@ -3,9 +3,13 @@ scoring with the hf engine on the tiny model (checked against its own logits), a
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agenttune.engines.scripted import ScriptedEngine
 from agenttune.testing import load_tiny_model, tiny_tokenizer
@@ -61,3 +65,41 @@ async def test_prompt_scores_are_the_models_own_log_probs():
         == pytest.approx(expected, abs=1e-4)
     assert both["prompt_logprobs"][0] is None and len(both["token_ids"]) == 1
     assert unknown.status_code == 401
+
+
+# Bodies a careless or hostile client may send: every field right, wrong, or missing.
+def _either(good, bad):
+    return good | bad
+
+
+_json_scalars = st.none() | st.booleans() | st.integers(-3, 3000) | st.floats(allow_nan=True) | st.text(max_size=8)
+_json = st.recursive(_json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=5), inner, max_size=3), max_leaves=6)
+_completion_bodies = st.fixed_dictionaries({"prompt": _either(st.lists(st.integers(0, 1023), min_size=1, max_size=20)
+                                                              | st.text(min_size=1, max_size=20), _json)}, optional={
+    key: _either(good, _json) for key, good in {
+        "max_tokens": st.integers(0, 8), "echo": st.booleans(), "logprobs": st.integers(0, 3),
+        "prompt_logprobs": st.integers(0, 2), "temperature": st.floats(0, 2), "top_p": st.floats(0, 1),
+        "seed": st.integers(0, 100), "stream": st.booleans()}.items()})
+
+
+@pytest.mark.slow
+@settings(max_examples=80, deadline=None)
+@given(body=_completion_bodies | _json)
+def test_random_completion_bodies_get_an_answer_or_a_clear_refusal(body):
+    async def post():
+        engine = ScriptedEngine(["four"], tokenizer=tiny_tokenizer(), cycle=True)
+        async with running_gateway(engine, http=False) as gateway:
+            channel = gateway.open_episode("fuzz")
+            async with httpx.AsyncClient(transport=channel.async_transport(),
+                                         base_url="http://gateway.invalid") as client:
+                return await client.post("/v1/completions", json=body,
+                                         headers={"Authorization": f"Bearer {channel.key}"})
+
+    reply = asyncio.run(post())
+    assert reply.status_code < 500, reply.text
+    payload = reply.json()
+    if reply.status_code >= 400:
+        assert set(payload["error"]) == {"message", "type", "param", "code"} and payload["error"]["message"]
+    else:
+        assert payload["object"] == "text_completion" and isinstance(payload["choices"][0]["text"], str)

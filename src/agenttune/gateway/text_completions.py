@@ -17,6 +17,7 @@ from typing import Any
 
 from agenttune.engines.base import InferenceEngine, SamplingParams
 from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.gateway.protocol import check_sampling
 from agenttune.ids import random_id
 
 
@@ -81,6 +82,7 @@ class TextCompletions:
         if (echo or prompt_logprobs is not None) and not self.engine.scores_prompts:
             raise bad_request(f"The {self.engine.name!r} engine cannot score prompts (echo, prompt_logprobs).",
                               param="prompt_logprobs")
+        check_sampling(body)
         sampling = {key: body[key] for key in ("temperature", "top_p", "seed") if body.get(key) is not None}
         return CompletionRequest(prompt_ids, max_tokens, echo, logprobs, prompt_logprobs, sampling)
 
