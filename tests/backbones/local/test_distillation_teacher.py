@@ -3,12 +3,7 @@ teacher served by the real `agenttune serve` scoring the student's tokens over /
 
 from __future__ import annotations
 
-import os
 import random
-import re
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -17,6 +12,7 @@ from agenttune.episode import Episode, Sample
 from agenttune.errors import UserError
 from agenttune.task import Task
 from agenttune.testing import tiny_model_path
+from agenttune.testing.gateways import serve_process
 
 torch = pytest.importorskip("torch")
 
@@ -107,23 +103,8 @@ def test_each_tokens_advantage_is_the_teachers_log_prob_minus_the_students():
 @pytest.fixture(scope="module")
 def teacher_server(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("teacher") / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agenttune", "serve", "--model", str(tiny_model_path()), "--port", "0",
-         "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines, deadline = [], time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        lines.append(line)
-        match = re.search(r"OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)", line)
-        if match:
-            break
-        if not line and process.poll() is not None:
-            pytest.fail("agenttune serve exited:\n" + "".join(lines))
-    else:
-        process.kill()
-        pytest.fail("agenttune serve did not print its URL:\n" + "".join(lines))
-    yield match.group(1)
+    process, base_url = serve_process("--model", str(tiny_model_path()), "--run-dir", str(run_dir))
+    yield base_url
     process.terminate()
     process.wait(timeout=30)
 
