@@ -112,8 +112,9 @@ class OpenAIEngine(InferenceEngine):
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The server's log-probs of the prompt's own tokens: vLLM's `prompt_logprobs: 0`, and the legacy
-        `echo` with `logprobs` for servers without it (one generated token: OpenAI's API needs one)."""
-        body = {"model": self.model_name, "prompt": list(token_ids), "max_tokens": 1, "temperature": 1.0,
+        `echo` with `logprobs` for servers without it. `max_tokens: 0` with `echo` generates nothing (vLLM,
+        agenttune serve), so a sequence as long as the context still fits."""
+        body = {"model": self.model_name, "prompt": list(token_ids), "max_tokens": 0, "temperature": 1.0,
                 "prompt_logprobs": 0, "echo": True, "logprobs": 0, **self.options.extra_body}
         choice = (await self._post("completions", body))["choices"][0]
         return prompt_token_logprobs(choice, token_ids, self.options.base_url)
