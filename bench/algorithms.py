@@ -11,15 +11,13 @@ checkpoint is written); every objective starts from that checkpoint with the qui
 held-out problems at the end. The held-out accuracy before RL is measured once (greedy decoding of
 one model: the same for every objective).
 
-`distillation` distils the warmed-up model, for `--steps` steps (those GRPO needs to reach 100 %)
-at learning rate 3e-4, from a GRPO teacher trained `--teacher-steps` steps (default 20, the
-quickstart's run; the `grpo` row's own model when the two are equal): `fraction_of_teacher` is its
-held-out accuracy over the teacher's. Why not the 8-step GRPO model at 1e-4: it reaches 100 %
-held-out on a near tie (greedy decoding picks the calculator tool at p = 0.56 on the first token,
-where the student has 0.27), and the per-token reverse KL only pulls the student towards the
-teacher's distribution: 8 steps at 1e-4 took it to 0.45, below the tie (0 % held-out). The
-20-step teacher calls the tool with p = 0.84; at 1e-4 the student reached 0.50 (75 % held-out),
-at 3e-4 100 % (docs/local.md, "Objectives compared").
+`distillation` distils the warmed-up model, for `--steps` steps at learning rate 3e-4, from a GRPO
+teacher trained `--teacher-steps` steps (default: `--steps`, the `grpo` row's own model; another
+count trains one here): `fraction_of_teacher` is its held-out accuracy over the teacher's. At the
+quickstart's 1e-4 the student moved too little in 8 steps: the 8-step teacher's 100 % held-out is
+greedy decoding on a near tie (it calls the calculator with p = 0.56 on a problem's first token,
+the student 0.27), and the student reached 0.45, still below the tie (0 % held-out); at 3e-4 it
+reached 0.65 (100 %). docs/local.md, "Objectives compared", has the runs.
 
 JSON: {"results": {name: {"initial_accuracy", "final_accuracy", "steps", "seconds"}}, "workload": ...};
 `seconds` is the training run's wall time (validation included). Targets (issue 37): every RL
@@ -118,7 +116,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--teacher", type=Path, default=None,
                         help="distillation's teacher (default: trained here with grpo); with --teacher-accuracy")
-    parser.add_argument("--teacher-steps", type=int, default=20, help="GRPO steps of distillation's teacher")
+    parser.add_argument("--teacher-steps", type=int, default=None,
+                        help="GRPO steps of distillation's teacher (default: --steps)")
     parser.add_argument("--teacher-accuracy", type=float, default=None)
     args = parser.parse_args()
 
@@ -140,6 +139,7 @@ def main() -> None:
                             f"trainer.test_freq={steps}", f"trainer.val_before_train={initial is None}")
         return summarize(read_metrics(run_dir), initial, seconds)
 
+    args.teacher_steps = args.teacher_steps or args.steps
     for name in args.only.split(","):
         extra = []
         if name == "distillation":
