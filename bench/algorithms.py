@@ -11,8 +11,13 @@ checkpoint is written); every objective starts from that checkpoint with the qui
 held-out problems at the end. The held-out accuracy before RL is measured once (greedy decoding of
 one model: the same for every objective).
 
-`distillation` distils the warmed-up model from the `grpo` run's final model (run `grpo` first) with
-the same number of steps: `fraction_of_teacher` is its held-out accuracy over the teacher's.
+`distillation` distils the warmed-up model, for `--steps` steps at learning rate 3e-4, from a GRPO
+teacher trained `--teacher-steps` steps (default: `--steps`, the `grpo` row's own model; another
+count trains one here): `fraction_of_teacher` is its held-out accuracy over the teacher's. At the
+quickstart's 1e-4 the student moved too little in 8 steps: the 8-step teacher's 100 % held-out is
+greedy decoding on a near tie (it calls the calculator with p = 0.56 on a problem's first token,
+the student 0.27), and the student reached 0.45, still below the tie (0 % held-out); at 3e-4 it
+reached 0.65 (100 %). docs/local.md, "Objectives compared", has the runs.
 
 JSON: {"results": {name: {"initial_accuracy", "final_accuracy", "steps", "seconds"}}, "workload": ...};
 `seconds` is the training run's wall time (validation included). Targets (issue 37): every RL
@@ -38,7 +43,7 @@ QUICKSTART = ROOT / "examples" / "quickstart"
 # name -> overrides of the quickstart config
 OBJECTIVES: dict[str, list[str]] = {
     "grpo": [],
-    "distillation": ["algorithm.policy_loss=distillation"],  # + the teacher: the grpo run's final checkpoint
+    "distillation": ["algorithm.policy_loss=distillation", "trainer.learning_rate=3e-4"],  # + the teacher
     "grpo_drop_zero_variance": ["algorithm.zero_variance_groups=drop"],
     "dynamic_sampling": ["algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_retries=4"],
     "rloo": ["algorithm.adv_estimator=rloo"],
@@ -110,7 +115,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "agenttune-bench-algorithms")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--teacher", type=Path, default=None,
-                        help="distillation's teacher (default: this run's grpo model); with --teacher-accuracy")
+                        help="distillation's teacher (default: trained here with grpo); with --teacher-accuracy")
+    parser.add_argument("--teacher-steps", type=int, default=None,
+                        help="GRPO steps of distillation's teacher (default: --steps)")
     parser.add_argument("--teacher-accuracy", type=float, default=None)
     args = parser.parse_args()
 
@@ -124,20 +131,28 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="agenttune-algorithms-"))
     results: dict[str, dict] = {}
     initial = None
+    common = [f"model.path={start_model}", "local.warmup.data=null", f"task_reader.path={data}/{{split}}.jsonl",
+              f"data.val_batch_size={args.val_tasks}", "trainer.save_freq=0"]
+
+    def train(run_dir: Path, steps: int, *overrides: str) -> dict:
+        seconds = agenttune(run_dir, *overrides, *common, f"trainer.total_steps={steps}",
+                            f"trainer.test_freq={steps}", f"trainer.val_before_train={initial is None}")
+        return summarize(read_metrics(run_dir), initial, seconds)
+
+    args.teacher_steps = args.teacher_steps or args.steps
     for name in args.only.split(","):
-        run_dir = work / name
         extra = []
-        if name == "distillation":  # the teacher: GRPO's model after the same number of steps
-            teacher = args.teacher or work / "grpo" / "checkpoints" / f"step_{args.steps:06d}" / "model"
-            if not teacher.is_dir():
-                raise SystemExit("distillation needs the grpo run first (its final checkpoint is the teacher)")
+        if name == "distillation":
+            teacher, teacher_accuracy = args.teacher, args.teacher_accuracy
+            if teacher is None:  # GRPO's model: this run's when it trained as long, else one trained here
+                source = "grpo" if args.teacher_steps == args.steps and "grpo" in results else "grpo_teacher"
+                if source == "grpo_teacher":
+                    results[source] = train(work / source, args.teacher_steps, *OBJECTIVES["grpo"])
+                    initial = results[source]["initial_accuracy"]
+                teacher = work / source / "checkpoints" / f"step_{args.teacher_steps:06d}" / "model"
+                teacher_accuracy = results[source]["final_accuracy"]
             extra = [f"algorithm.policy_loss_options.teacher={teacher}"]
-        seconds = agenttune(run_dir, *OBJECTIVES[name], *extra, f"model.path={start_model}", "local.warmup.data=null",
-                            f"task_reader.path={data}/{{split}}.jsonl", f"trainer.total_steps={args.steps}",
-                            f"trainer.test_freq={args.steps}", f"trainer.val_before_train={initial is None}",
-                            f"data.val_batch_size={args.val_tasks}", "trainer.save_freq=0")
-        results[name] = row = summarize(read_metrics(run_dir), initial, seconds)
-        teacher_accuracy = results.get("grpo", {}).get("final_accuracy") or args.teacher_accuracy
+        results[name] = row = train(work / name, args.steps, *OBJECTIVES[name], *extra)
         if name == "distillation" and teacher_accuracy:
             row["teacher_accuracy"] = teacher_accuracy
             row["fraction_of_teacher"] = row["final_accuracy"] / teacher_accuracy
@@ -146,7 +161,7 @@ def main() -> None:
               f"{row['steps']} steps ({row['seconds']:.0f} s)", flush=True)
         if args.json:  # written after every objective: a cut-short run keeps what it measured
             args.json.write_text(json.dumps({"results": results, "workload": {
-                "steps": args.steps, "val_tasks": args.val_tasks, "start_model": str(start_model)}}, indent=2))
+                "steps": args.steps, "teacher_steps": args.teacher_steps, "val_tasks": args.val_tasks, "start_model": str(start_model)}}, indent=2))
 
 
 if __name__ == "__main__":

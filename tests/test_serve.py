@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +19,7 @@ from hypothesis import strategies as st
 
 from agenttune.logview.catalog import Catalog
 from agenttune.rollout.log import read_records
+from agenttune.testing.gateways import serve_process
 
 # The gateway fuzz test's strategies, from tests/gateway/ (pytest puts only a test's own folder on sys.path).
 GATEWAY_TESTS = str(Path(__file__).resolve().parent / "gateway")
@@ -39,24 +37,9 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_path):
     run_dir = tmp_path_factory.mktemp("serve") / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agenttune", "serve", "--model", str(tiny_model_path), "--port", "0",
-         "--run-dir", str(run_dir), "rollout.max_response_length_in_one_turn=64"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        lines.append(line)
-        match = re.search(r"OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)", line)
-        if match:
-            break
-        if not line and process.poll() is not None:
-            pytest.fail("agenttune serve exited:\n" + "".join(lines))
-    else:
-        process.kill()
-        pytest.fail("agenttune serve did not print its URL:\n" + "".join(lines))
-    yield match.group(1), run_dir, process
+    process, base_url = serve_process("--model", str(tiny_model_path), "--run-dir", str(run_dir),
+                                      "rollout.max_response_length_in_one_turn=64")
+    yield base_url, run_dir, process
     if process.poll() is None:
         process.kill()
 

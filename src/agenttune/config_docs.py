@@ -29,6 +29,15 @@ COMPONENTS: list[tuple[str, str]] = [
     ("task_reader", "agenttune.readers.in_memory:InMemoryTaskReader"),
 ]
 
+# (options key, selecting key, "module:Class") of built-in objectives whose options are documented here.
+OBJECTIVES: list[tuple[str, str, str]] = [
+    ("algorithm.estimator_options", "algorithm.adv_estimator", "agenttune.estimators.outcome:GRPOEstimator"),
+    ("algorithm.estimator_options", "algorithm.adv_estimator", "agenttune.estimators.turns:TurnGRPOEstimator"),
+    ("algorithm.estimator_options", "algorithm.adv_estimator",
+     "agenttune.estimators.rejection:RejectionSamplingEstimator"),
+    ("algorithm.policy_loss_options", "algorithm.policy_loss", "agenttune.losses.distillation:DistillationLoss"),
+]
+
 INTRO = """\
 # Configuration reference
 
@@ -102,6 +111,12 @@ def generate() -> str:
         doc = (component.__doc__ or "").strip().splitlines()[0] if component.__doc__ else ""
         parts.append(f"### `{section}.type: {component.name}`\n\n{doc}\n")
         parts.append(_fields_table(component.Options, section))
+    parts.append("## Objective options\n\nKeys an estimator or a policy loss takes in its options mapping "
+                 "(docs/local.md#objectives).\n")
+    for options, selector, reference in OBJECTIVES:
+        component = load_reference(reference)
+        parts.append(f"### `{selector}: {component.name}`\n")
+        parts.append(_fields_table(component.Options, options))
     return "\n".join(parts)
 
 

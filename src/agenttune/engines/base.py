@@ -104,6 +104,9 @@ class InferenceEngine(Component):
     # model. False: it samples from the model object it is given (hf), so asynchronous training gives
     # it a frozen copy of the policy.
     copies_weights: ClassVar[bool] = False
+    # True: `prompt_logprobs` scores given token ids (an on-policy distillation teacher; `agenttune
+    # serve`'s /v1/completions with `echo` or `prompt_logprobs`).
+    scores_prompts: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: Any, options: Any, tokenizer: Any, *, model: Any = None) -> InferenceEngine:
@@ -151,6 +154,11 @@ class InferenceEngine(Component):
         what their tokens record from then on. Default: nothing (an engine that cannot hold weights
         of its own).
         """
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_ids[i] | token_ids[:i]) for i = 1 .. len-1, at temperature 1 (the model's own
+        distribution): what vLLM's `prompt_logprobs` returns, without its leading None."""
+        raise NotImplementedError(f"the {self.name!r} engine cannot score prompts (scores_prompts is False)")
 
     def counters(self) -> dict[str, float]:
         """Running totals since the engine started, for monitoring: the local backbone logs each

@@ -106,6 +106,7 @@ class HFEngine(InferenceEngine):
     Options: ClassVar[type[BaseModel]] = HFOptions
     enforces_guides: ClassVar[bool] = True
     updates_weights: ClassVar[bool] = True
+    scores_prompts: ClassVar[bool] = True
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 128, max_batch_tokens: int | None = None,
                  max_model_len: int | None = None,
@@ -176,6 +177,23 @@ class HFEngine(InferenceEngine):
         finally:
             if not request.future.done():  # the caller left: the row leaves the batch at the next step
                 request.future.cancel()
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """One forward pass on the decode thread (so it never overlaps a decode step or a weight update)."""
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens, more than max_model_len ({self.max_model_len})")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._score, list(token_ids))
+
+    def _score(self, token_ids: list[int]) -> list[float]:
+        import torch
+
+        if len(token_ids) < 2:
+            return []
+        with torch.inference_mode(), _eval_mode(self.model), self._weights_lock:
+            ids = torch.tensor([token_ids], device=self.model.device)
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+            scored = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        return scored.tolist()
 
     def _submit(self, prompt_ids: list[int], sampling: SamplingParams, *, stream: bool = False) -> _Request:
         if not prompt_ids:

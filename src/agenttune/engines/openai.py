@@ -38,6 +38,7 @@ class OpenAIEngine(InferenceEngine):
     name: ClassVar[str] = "openai"
     # Guides go to the server as vLLM's `structured_outputs` (a server without it ignores or refuses them).
     enforces_guides: ClassVar[bool] = True
+    scores_prompts: ClassVar[bool] = True  # when the server returns prompt logprobs (vLLM, agenttune serve)
     Options: ClassVar[type[BaseModel]] = OpenAIEngineOptions
 
     def __init__(self, options: OpenAIEngineOptions, model_name: str, *, transport: Any = None):
@@ -109,6 +110,15 @@ class OpenAIEngine(InferenceEngine):
         generation = _generation(choice, choice.get("token_ids"), content or None, _chat_text(message))
         return generation, reply.get("prompt_token_ids") or choice.get("prompt_token_ids")
 
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The server's log-probs of the prompt's own tokens: vLLM's `prompt_logprobs: 0`, and the legacy
+        `echo` with `logprobs` for servers without it. `max_tokens: 0` with `echo` generates nothing (vLLM,
+        agenttune serve), so a sequence as long as the context still fits."""
+        body = {"model": self.model_name, "prompt": list(token_ids), "max_tokens": 0, "temperature": 1.0,
+                "prompt_logprobs": 0, "echo": True, "logprobs": 0, **self.options.extra_body}
+        choice = (await self._post("completions", body))["choices"][0]
+        return prompt_token_logprobs(choice, token_ids, self.options.base_url)
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -160,6 +170,30 @@ def _generation(choice: dict[str, Any], token_ids: list[int] | None, logprobs: l
     # Passed on as the server sent them (a missing entry as NaN): the gateway refuses what cannot be trained.
     reported = [math.nan if value is None else float(value) for value in logprobs] if logprobs is not None else None
     return Generation(list(token_ids), reported, finish, text=text)
+
+
+def prompt_token_logprobs(choice: dict[str, Any], token_ids: list[int], server: str) -> list[float]:
+    """log p(token_ids[i] | before) for i >= 1 from a /v1/completions choice: vLLM's `prompt_logprobs`
+    ([None, {"<id>": {"logprob": ...}}, ...]) or, failing that, the echoed `logprobs.token_logprobs`."""
+    wanted = len(token_ids) - 1
+    values: list[Any] = []
+    entries = choice.get("prompt_logprobs")
+    if entries:
+        for token, entry in zip(token_ids[1:], entries[1:], strict=False):
+            found = (entry or {}).get(str(token)) or (entry or {}).get(token)
+            values.append(found.get("logprob") if isinstance(found, dict) else found)
+    else:
+        echoed = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        values = list(echoed[1:len(token_ids)])
+    if len(values) != wanted or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        raise UserError(
+            f"The teacher server at {server} did not return the log-probabilities of the prompt's tokens (neither "
+            "vLLM's `prompt_logprobs` nor `echo` with `logprobs` in its /v1/completions answer; got "
+            f"{len(values)} usable values of {wanted}). On-policy distillation needs the teacher's log-probability "
+            "of every token the student sampled.",
+            hint="Serve the teacher with `vllm serve TEACHER` or `agenttune serve --model TEACHER` (both return "
+                 "them); hosted chat APIs do not. The teacher must use the student's tokenizer.")
+    return [float(value) for value in values]
 
 
 def _chat_text(message: dict[str, Any]) -> str:

@@ -64,7 +64,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request(f"{shown} is not supported: the gateway returns one choice per request "
                           "(each choice would be a separate training sample). Send n=1 or leave it out.", param="n",
                           code="unsupported_value")
-    _check_sampling(body)
+    check_sampling(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string.", param="model", code="invalid_type")
@@ -96,7 +96,7 @@ def _optional(body: dict[str, Any], key: str, kind: type, default: Any = None) -
     return value
 
 
-def _check_sampling(body: dict[str, Any]) -> None:
+def check_sampling(body: dict[str, Any]) -> None:
     """400 for a sampling value out of its range, with OpenAI's codes (`decimal_above_max_value`, ...)."""
     for key in body.keys() & SAMPLING_RANGES.keys():
         kind, low, high = SAMPLING_RANGES[key]

@@ -7,7 +7,8 @@
     gateway.close_episode(channel)
     await gateway.stop()
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`; each also under `/e/{key}`
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (token ids or text; `echo` and
+`prompt_logprobs` score a prompt: text_completions.py), `GET /v1/models`, `GET /health`; each also under `/e/{key}`
 for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
 error shape. The HTTP server and the in-process transports call the same `handle`; the HTTP server
 first applies `agenttune.webserver`'s limits (body size, content type, timeouts, connection cap and,
@@ -37,6 +38,7 @@ from agenttune.gateway.protocol import parse_chat_request
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.reply import EVENTS, Reply
 from agenttune.gateway.responses import completion_body, completion_events, dumps
+from agenttune.gateway.text_completions import TextCompletions
 from agenttune.loopback import is_loopback
 from agenttune.webserver import ServerLimits
 from agenttune.webserver.connections import guarded_server_class, uvicorn_config
@@ -70,6 +72,8 @@ class Gateway:
             max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
             max_turns=None if open_access else config.rollout.max_turns)  # a served conversation is no episode
         self.model_name = config.model.path or "agenttune"
+        self.text_completions = TextCompletions(engine, tokenizer, max_model_len=config.model.max_model_len,
+                                                model_name=self.model_name)
         self.limits = server_limits(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
@@ -184,6 +188,10 @@ class Gateway:
             if request.stream:
                 return Reply(200, completion_events(result), EVENTS)
             return Reply(200, completion_body(result))
+        if route == "/completions":
+            _allow(method, "POST")
+            self._channel(path_key or _header_key(headers))  # the same keys as chat (any, for agenttune serve)
+            return Reply(200, dumps(await self.text_completions.answer(_json(body, self.limits.max_body_bytes))))
         if route == "/models":
             _allow(method, "GET")
             return Reply(200, dumps({"object": "list", "data": [
@@ -192,7 +200,7 @@ class Gateway:
             _allow(method, "GET")
             return Reply(200, dumps({"status": "ok", "episodes": len(self._channels)}))
         raise GatewayError(404, f"No route {method} {path}. The gateway serves POST /v1/chat/completions, "
-                                "GET /v1/models and GET /health.", code="not_found")
+                                "POST /v1/completions, GET /v1/models and GET /health.", code="not_found")
 
     def channels(self) -> list[EpisodeChannel]:
         """The open episodes (in open access: every conversation so far), oldest first."""

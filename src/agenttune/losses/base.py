@@ -45,7 +45,8 @@ class PolicyLoss(Component):
     """A policy-gradient loss, selected by `algorithm.policy_loss` (`name`); its `Options` are the keys
     of `algorithm.policy_loss_options`. `loss_agg_mode`, when set, is the aggregation the loss is
     defined with (GSPO's sequence mean) and overrides `algorithm.loss_agg_mode`. A loss that sets
-    `needs_teacher` has a `teacher` option (a model path) and gets the teacher's log-probs."""
+    `needs_teacher` has the options backbones/local/teacher.py reads (`teacher`, `teacher_engine`,
+    `teacher_base_url`, `teacher_api_key`) and gets the teacher's log-probs."""
 
     loss_agg_mode: ClassVar[LossAggregation | None] = None
     # True: the trainer scores every batch with the teacher model named by the options' `teacher`

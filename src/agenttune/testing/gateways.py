@@ -8,6 +8,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,3 +44,23 @@ async def running_gateway(engine: InferenceEngine, *, tokenizer: Any = None, con
         yield gateway
     finally:
         await gateway.stop()
+
+
+def serve_process(*arguments: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """`agenttune serve ARGUMENTS --port 0` in a process of its own, and its base URL once it printed it.
+    A server that exits or stays silent is a RuntimeError with what it printed."""
+    process = subprocess.Popen([sys.executable, "-m", "agenttune", "serve", "--port", "0", *arguments],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert process.stdout is not None
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        lines.append(line)
+        match = re.search(r"OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)", line)
+        if match:
+            return process, match.group(1)
+        if not line and process.poll() is not None:
+            raise RuntimeError("agenttune serve exited:\n" + "".join(lines))
+    process.kill()
+    raise RuntimeError("agenttune serve did not print its URL:\n" + "".join(lines))

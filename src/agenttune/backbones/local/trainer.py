@@ -24,6 +24,7 @@ from agenttune.backbones.local.packing import balanced_micro_batches
 from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
+from agenttune.backbones.local.teacher import load_teacher
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
 from agenttune.estimators.base import AdvantageEstimator
@@ -55,7 +56,7 @@ class GRPOTrainer:
 
             estimator, policy_loss = resolve_objective(config)
         self.estimator, self.policy_loss = estimator, policy_loss
-        self.teacher = _load_teacher(policy_loss, config, model) if policy_loss.needs_teacher else None
+        self.teacher = load_teacher(policy_loss.options, config, model) if policy_loss.needs_teacher else None
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.reference = reference
@@ -152,7 +153,7 @@ class GRPOTrainer:
             if correction.rollout_is_batch_normalize:
                 totals["is_batch_norm_factor"] = normalize(corrections, correction.rollout_is)
         reference = [self._reference_logprobs(batch) for batch in batches] if algorithm.kl_coef > 0 else None
-        teacher = [self._teacher_logprobs(batch) for batch in batches] if self.teacher is not None else None
+        teacher = [self.teacher.logprobs(batch) for batch in batches] if self.teacher is not None else None
         for _ in range(local.ppo_epochs):
             for indices in _split(len(batches), local.mini_batches):
                 stats = self._optimizer_update(
@@ -264,11 +265,6 @@ class GRPOTrainer:
         return token_logprobs(self.model, batch, temperature=self._temperature, with_entropy=True)
 
     @torch.no_grad()
-    def _teacher_logprobs(self, batch: Batch) -> torch.Tensor:
-        assert self.teacher is not None
-        return token_logprobs(self.teacher, batch, temperature=self._temperature)[0]
-
-    @torch.no_grad()
     def _reference_logprobs(self, batch: Batch) -> torch.Tensor:
         assert self.reference is not None
         with self.reference() as reference_model:
@@ -281,24 +277,6 @@ class GRPOTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-def _load_teacher(policy_loss: PolicyLoss, config: AgentTuneConfig, student: torch.nn.Module) -> torch.nn.Module:
-    """The distillation teacher, frozen, on the student's device; it must read the student's token ids."""
-    from agenttune.backbones.local.policy import load_pretrained
-    from agenttune.errors import UserError
-    from agenttune.model_loading import resolve_model_path
-
-    path = policy_loss.options.teacher  # type: ignore[attr-defined]
-    teacher = load_pretrained(resolve_model_path(path), config, next(student.parameters()).device)
-    sizes = [model.get_input_embeddings().num_embeddings for model in (teacher, student)]  # type: ignore[operator]
-    if sizes[0] != sizes[1]:
-        raise UserError(f"The distillation teacher {path!r} has a vocabulary of {sizes[0]} tokens, the student "
-                        f"({config.model.path!r}) one of {sizes[1]}: the teacher must score the student's token ids.",
-                        hint="Distil from a teacher of the same model family (the same tokenizer).")
-    log.info("distillation teacher loaded", teacher=path)
-    teacher.requires_grad_(False)
-    return teacher.eval()
 
 
 def _split(count: int, parts: int) -> Iterator[list[int]]:
