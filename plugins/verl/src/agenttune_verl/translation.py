@@ -60,6 +60,16 @@ class VerlPaths:
 Value = Callable[[AgentTuneConfig, VerlPaths], Any]
 
 
+class _VerlDefault:
+    """A row's value for configs it does not apply to: verl's own default stays (see `translated_values`)."""
+
+    def __repr__(self) -> str:
+        return "VERL_DEFAULT"
+
+
+VERL_DEFAULT = _VerlDefault()
+
+
 @dataclass(frozen=True)
 class Translation:
     verl_key: str
@@ -107,6 +117,11 @@ def _warmup_batches(config: AgentTuneConfig) -> int:
     return config.trainer.staleness_bound or 0
 
 
+def _distillation(verl_key: str) -> Value:
+    """A key of verl's `distillation` section: set only for `policy_loss: distillation` (objectives.py)."""
+    return lambda c, p: objectives.distillation_values(c).get(verl_key, VERL_DEFAULT)
+
+
 def _t(verl_key: str, source: str, value: Value) -> Translation:
     """One row: the verl key, where its value comes from (for people), how to compute it."""
     return Translation(verl_key, source, value)
@@ -141,6 +156,19 @@ TRANSLATIONS: tuple[Translation, ...] = (
        lambda c, p: c.algorithm.clip_ratio_high),
     _t("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg_mode (gspo: seq-mean-token-mean)",
        lambda c, p: objectives.loss_agg_mode(c)),
+    # on-policy distillation (policy_loss: distillation only; objectives.py says why this is the same rule)
+    *(_t(key, source, _distillation(key)) for key, source in (
+        ("distillation.enabled", "algorithm.policy_loss: distillation"),
+        ("distillation.distillation_loss.loss_mode", "(distillation: always k1, log π_student - log π_teacher)"),
+        ("distillation.distillation_loss.use_policy_gradient", "(distillation: always true, -k1 is the advantage)"),
+        ("distillation.distillation_loss.use_task_rewards", "policy_loss_options.reward_weight (0: false, 1: true)"),
+        ("distillation.distillation_loss.distillation_loss_coef", "(distillation: always 1)"),
+        ("distillation.distillation_loss.loss_max_clamp", "(distillation: always null, no clamp)"),
+        ("distillation.teacher_models.teacher_model.model_path", "policy_loss_options.teacher"),
+        ("distillation.n_gpus_per_node", "trainer.n_gpus_per_node (the teacher's own GPUs; nnodes: verl: section)"),
+        ("distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size",
+         "min(2, trainer.n_gpus_per_node)"),
+    )),
     # rollout correction: the same option names on both sides (agenttune took verl's)
     *(_t(f"algorithm.rollout_correction.{name}", f"algorithm.rollout_correction.{name}", _correction_option(name))
       for name in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
@@ -232,8 +260,9 @@ TRANSLATIONS: tuple[Translation, ...] = (
 
 
 def translated_values(config: AgentTuneConfig, paths: VerlPaths) -> dict[str, Any]:
-    """`{verl dotted key: value}` for every row of the table."""
-    return {row.verl_key: row.value(config, paths) for row in TRANSLATIONS}
+    """`{verl dotted key: value}` for every row of the table that applies to this config."""
+    values = {row.verl_key: row.value(config, paths) for row in TRANSLATIONS}
+    return {key: value for key, value in values.items() if value is not VERL_DEFAULT}
 
 
 def total_gpus(config: AgentTuneConfig) -> int:

@@ -44,7 +44,33 @@ def build_verl_config(config: AgentTuneConfig, paths: VerlPaths) -> Any:
         OmegaConf.update(verl_config, key, value, merge=False)
     apply_passthrough(verl_config, config.section("verl", VerlOptions).root)
     check_async_support(config, verl_config)
+    check_teacher_pool(verl_config)
     return verl_config
+
+
+def check_teacher_pool(verl_config: Any) -> None:
+    """verl serves a distillation teacher on GPUs of its own, which only the user can size; verl's own
+    config class then checks that the teacher's replicas fill them."""
+    section = verl_config.distillation
+    if not section.enabled:
+        return
+    hint = ("Give the teacher its own GPUs in the verl: section, e.g. `verl: {distillation: {nnodes: 1}}` "
+            "(distillation.n_gpus_per_node defaults to trainer.n_gpus_per_node; the teacher's tensor parallel size "
+            "is distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size), or train this "
+            "objective with --backbone local.")
+    if section.nnodes <= 0:
+        raise UserError(
+            "algorithm.policy_loss: distillation on verl needs GPUs for the teacher: verl 0.9.1 serves the teacher "
+            "in a resource pool of its own (distillation.nnodes x distillation.n_gpus_per_node), beside the "
+            "actor's trainer.nnodes x trainer.n_gpus_per_node, and distillation.nnodes is 0.", hint=hint)
+    from hydra.errors import InstantiationException
+    from verl.utils.config import omega_conf_to_dataclass
+
+    try:
+        omega_conf_to_dataclass(section)
+    except (ValueError, InstantiationException) as error:  # Hydra wraps the config class's ValueError
+        reason = error.__cause__ if isinstance(error.__cause__, ValueError) else error
+        raise UserError(f"verl 0.9.1 refuses the distillation section: {reason}", hint=hint) from error
 
 
 def check_async_support(config: AgentTuneConfig, verl_config: Any) -> None:
