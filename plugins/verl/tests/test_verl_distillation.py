@@ -178,3 +178,12 @@ def test_a_teacher_pool_verl_cannot_fill_is_refused_with_verls_reason(tiny_model
     config = distillation_config(str(tiny_model_path), verl={"distillation": {"nnodes": 1, "n_gpus_per_node": 3}})
     with pytest.raises(UserError, match="verl 0.9.1 refuses the distillation section: .*must divide"):
         build_verl_config(config, PATHS)
+
+
+def test_the_gpu_check_counts_the_teachers_gpus(tiny_model_path):
+    from agenttune_verl.launch import check_gpus
+
+    config = distillation_config(str(tiny_model_path))  # actor 2 GPUs, teacher 1 node x 2
+    check_gpus(config, {"GPU": 4}, where="here")
+    with pytest.raises(UserError, match=r"asks for 4 \(.* \+ 2 for the distillation teacher"):
+        check_gpus(config, {"GPU": 3}, where="here")

@@ -39,7 +39,7 @@ from agenttune_verl.dataset import write_tasks
 from agenttune_verl.metrics_bridge import MetricsFollower
 from agenttune_verl.options import RayOptions
 from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus
-from agenttune_verl.verl_config import build_verl_config
+from agenttune_verl.verl_config import build_verl_config, teacher_gpus
 
 log = get_logger("verl.launch")
 
@@ -141,13 +141,15 @@ def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
 
 
 def check_gpus(config: AgentTuneConfig, resources: dict[str, Any], *, where: str) -> None:
-    needed = total_gpus(config)
+    teacher = teacher_gpus(config)
+    needed = total_gpus(config) + teacher
     available = int(resources.get("GPU", 0))
     if available < needed:
+        teacher_part = f" + {teacher} for the distillation teacher (verl: distillation.*)" if teacher else ""
         raise UserError(
             f"The verl backbone needs GPUs: the config asks for {needed} (trainer.n_gpus_per_node="
-            f"{config.trainer.n_gpus_per_node} x trainer.nnodes={config.trainer.nnodes}), but the Ray cluster "
-            f"{where} has {available}.",
+            f"{config.trainer.n_gpus_per_node} x trainer.nnodes={config.trainer.nnodes}{teacher_part}), but the "
+            f"Ray cluster {where} has {available}.",
             hint="Run on a machine with NVIDIA GPUs or join a GPU cluster with ray.address=..., lower "
                  "trainer.n_gpus_per_node / trainer.nnodes, or train here with --backbone local "
                  "(one machine, CPU or one GPU) or --backbone debug.")

@@ -48,6 +48,14 @@ def build_verl_config(config: AgentTuneConfig, paths: VerlPaths) -> Any:
     return verl_config
 
 
+def teacher_gpus(config: AgentTuneConfig) -> int:
+    """The GPUs verl takes for a distillation teacher, beside the actor's (0 without distillation)."""
+    if config.algorithm.policy_loss != "distillation":
+        return 0
+    section = build_verl_config(config, VerlPaths.placeholder(config)).distillation
+    return int(section.nnodes) * int(section.n_gpus_per_node)
+
+
 def check_teacher_pool(verl_config: Any) -> None:
     """verl serves a distillation teacher on GPUs of its own, which only the user can size; verl's own
     config class then checks that the teacher's replicas fill them."""
