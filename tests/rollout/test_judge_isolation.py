@@ -202,6 +202,22 @@ async def test_handed_objects_a_worker_cannot_get_are_judged_in_this_process(iso
         LIVE.clear()
 
 
+@pytest.mark.slow
+async def test_batches_started_side_by_side_share_one_pool_of_judge_workers():
+    """Asynchronous training runs a batch per group, dozens at once. Each used to find no judge
+    worker started yet and spawn a pool of its own: 48 groups x 4 workers on the quickstart's first
+    asynchronous step, which took 62-80 s instead of 3-4 s."""
+    config = tiny_config(rollout={"num_repeat": 2, "max_env_worker": 16, "compute_madness_checklist": []},
+                         judge={"workers": 2})
+    trainer = psutil.Process()
+    async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
+        async with RolloutEngine(config, gateway, HandsOverItsFault, FaultyJudge()) as rollout:
+            batches = await asyncio.gather(*(rollout.run_tasks([Task(task_id="ok", query="q")]) for _ in range(8)))
+            judges = [child for child in trainer.children() if "spawn_main" in " ".join(child.cmdline())]
+            assert len(judges) == 2, [child.cmdline() for child in judges]
+    assert [episode.status for batch in batches for episode in batch] == [EpisodeStatus.OK] * 16
+
+
 def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):
     from agenttune.config import JudgeConfig
     from agenttune.rollout.judging import isolation_of

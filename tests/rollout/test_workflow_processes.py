@@ -91,6 +91,18 @@ async def test_workflows_run_in_the_workers_and_the_trainer_keeps_the_record():
 
 
 @pytest.mark.slow
+async def test_batches_started_side_by_side_share_the_workers():
+    """Asynchronous training runs a batch per group at once: each used to start workers of its own."""
+    config = config_with(processes=2)
+    async with running_gateway(engine(), config=config) as gateway:
+        async with RolloutEngine(config, gateway, WhereWorkflow, AnswerJudge()) as rollout:
+            batches = await asyncio.gather(*(rollout.run_tasks(tasks("ok", "ok")) for _ in range(6)))
+    episodes = [episode for batch in batches for episode in batch]
+    assert all(episode.status is EpisodeStatus.OK for episode in episodes), [e.error for e in episodes]
+    assert len({episode.output["pid"] for episode in episodes}) == 2
+
+
+@pytest.mark.slow
 async def test_a_worker_that_dies_fails_only_its_own_episodes_and_is_replaced():
     config = config_with(processes=2, max_env_worker=4)
     async with running_gateway(engine(), config=config) as gateway:

@@ -104,6 +104,7 @@ class RolloutEngine:
         self.on_episode = on_episode
         self._processes: WorkflowProcesses | None = None  # rollout.workflow_processes > 1: started at first use
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._starting: asyncio.Lock | None = None
         self._judge_isolation = isolation_of(judge, config.judge) if judge is not None else "loop"
         self._judge_processes = JudgeProcesses(judge, config.judge) if (
             judge is not None and self._judge_isolation == "process") else None
@@ -137,11 +138,7 @@ class RolloutEngine:
         sampling = sampling or sampling_params(self.config.rollout)
         slots = self._episode_slots()
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
-        await self._start_processes()
-        if self._processes is None:
-            self._loop_watchdog.start()
-        if self._judge_processes is not None:
-            await self._judge_processes.start(len(tasks) * num_repeat)
+        await self._start_pools(len(tasks) * num_repeat)
 
         async def in_slot(task: Task, group_id: str, repeat_index: int) -> Episode:
             async with slots:
@@ -163,6 +160,19 @@ class RolloutEngine:
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(self.max_parallel))
         return self._slots[1]
+
+    async def _start_pools(self, episodes: int) -> None:
+        """The workflow and judge processes, started before a batch's first episode. One batch at a
+        time: asynchronous training starts a batch per group, dozens at once, and each would otherwise
+        find no pool started yet and spawn one of its own (hundreds of processes on the first step)."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            await self._start_processes()
+            if self._processes is None:
+                self._loop_watchdog.start()
+            if self._judge_processes is not None:
+                await self._judge_processes.start(episodes)
 
     async def _start_processes(self) -> None:
         count = self.config.rollout.workflow_processes
