@@ -226,3 +226,28 @@ def test_bypass_mode_trains_against_the_engine_logprobs(loss_type):
     else:  # old = the engine's logprobs, far from the policy's: most ratios leave the clip range
         assert metrics["train/clip_fraction"] > 0
     assert any(not torch.equal(before[name], value) for name, value in parameters(trainer.model).items())
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_importance_weights_taken_in_the_update_pass_train_as_a_scoring_pass_does(level):
+    """Asynchronous modes' default (truncated IS, one update a step): π_old is the current policy, so
+    the update's own pass takes the weights and the scoring pass before it is left out. The same
+    step with a scoring pass (forced by a rejection criterion that rejects nothing) trains the
+    same weights, with one forward pass more."""
+    correction = {"rollout_is": level, "rollout_is_threshold": 1.5}
+    trainers = {}
+    for name, extra in {"in_pass": {}, "scoring_pass": {"rollout_rs": "token_k3", "rollout_rs_threshold": 1e9}}.items():
+        trainer, episodes = trainer_and_episodes(correction | extra, engine_logprob=-12.0)
+        passes = []
+        embeddings = trainer.model.get_input_embeddings()  # once per forward pass
+        embeddings.register_forward_hook(lambda module, args, output, passes=passes: passes.append(torch.is_grad_enabled()))
+        metrics = trainer.step(episodes)
+        trainers[name] = (parameters(trainer.model), passes, metrics)
+    (in_pass, in_pass_passes, in_pass_metrics), (scored, scored_passes, scored_metrics) = trainers.values()
+    assert in_pass_passes and all(in_pass_passes)  # every forward pass carries gradients
+    assert scored_passes.count(False) == len(in_pass_passes) == scored_passes.count(True)
+    assert in_pass_metrics["train/rollout_is_mean"] == pytest.approx(scored_metrics["train/rollout_is_mean"])
+    assert in_pass_metrics["train/rollout_is_truncated_fraction"] > 0
+    assert in_pass_metrics["train/pg_loss"] == pytest.approx(scored_metrics["train/pg_loss"], rel=1e-6)
+    for name, value in in_pass.items():
+        torch.testing.assert_close(value, scored[name], rtol=1e-6, atol=1e-7)

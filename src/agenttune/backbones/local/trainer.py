@@ -134,9 +134,12 @@ class GRPOTrainer:
         on_policy = local.ppo_epochs * local.mini_batches == 1
         # With a single update the weights cannot move before the loss is taken, so the "old"
         # log-probs are the current ones (detached): the ratio is exactly 1 and no extra pass is needed.
-        # Decoupled rollout correction compares the engine with π_old before any update (its
-        # weights and rejection masks must be known up front: they set the loss's denominators).
-        scoring_pass = not on_policy or (correction.enabled and not correction.bypass_mode)
+        # Decoupled rollout correction compares the engine with π_old before any update. Its
+        # importance weights are then per micro-batch and taken in the update's own pass (the
+        # default of asynchronous modes: a whole forward pass less); rejection masks and batch
+        # normalisation must be known up front (they set the loss's denominators): a scoring pass.
+        scoring_pass = not on_policy or (correction.enabled and not correction.bypass_mode
+                                         and not self._corrects_in_the_update_pass(on_policy))
         totals: dict[str, float] = {}
         old = None
         if scoring_pass:
@@ -191,7 +194,7 @@ class GRPOTrainer:
                 self.model, batch, temperature=self._temperature, with_entropy=record_first_pass
             )
             batch.fill_missing_logprobs(logprobs)  # (the first update: the policy is still pi_old)
-            applied = corrections[index] if corrections else self._bypass_correction(batch, logprobs, stats)
+            applied = corrections[index] if corrections else self._correction_in_pass(batch, logprobs, stats)
             mask = applied.mask if applied is not None else batch.mask
             policy_loss, clipped = self._policy_loss(batch, logprobs, old[index] if old is not None else None,
                                                      applied, teacher[index] if teacher is not None else None)
@@ -225,13 +228,24 @@ class GRPOTrainer:
         stats["grad_norm"] = float(grad_norm)
         return stats
 
-    def _bypass_correction(self, batch: Batch, logprobs: torch.Tensor, stats: dict[str, float]) -> Correction | None:
-        """Bypass mode: π_old is the engine, so the correction is measured against the current policy."""
+    def _corrects_in_the_update_pass(self, on_policy: bool) -> bool:
+        """Decoupled correction whose weights the update's own pass can take: π_old is the current
+        policy (one update a step) and nothing needs the whole step's weights or masks first."""
         options = self.config.algorithm.rollout_correction
-        if not options.bypass_mode:
+        return (on_policy and options.rollout_is is not None and options.rollout_rs is None
+                and not options.rollout_is_batch_normalize)
+
+    def _correction_in_pass(self, batch: Batch, logprobs: torch.Tensor, stats: dict[str, float]) -> Correction | None:
+        """The correction measured against the current policy, in the update's pass: in bypass mode
+        (π_old is the engine), or decoupled when π_old is the current policy (one update a step)."""
+        options = self.config.algorithm.rollout_correction
+        if options.bypass_mode:
+            with_weights = options.loss_type == "reinforce"
+        elif options.enabled:  # _update left out the scoring pass: see _corrects_in_the_update_pass
+            with_weights = True
+        else:
             return None
-        reinforce = options.loss_type == "reinforce"
-        applied = correct(logprobs.detach() - batch.sample_logprobs, batch.mask, options, with_weights=reinforce)
+        applied = correct(logprobs.detach() - batch.sample_logprobs, batch.mask, options, with_weights=with_weights)
         _add_stats(stats, {f"rc_{key}": value for key, value in applied.stats.items()})
         return applied
 
