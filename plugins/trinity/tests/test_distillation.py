@@ -90,8 +90,7 @@ def test_trinitys_distillation_equals_agenttunes_loss_on_a_random_batch():
     from trinity.algorithm import ADVANTAGE_FN, POLICY_LOSS_FN
     from verl import DataProto
 
-    from agenttune.losses.distillation import DistillationLoss, DistillationOptions
-    from agenttune.plugin_api import LossInput
+    from agenttune.plugin_api import LossInput, get_component
 
     generator = torch.Generator().manual_seed(37)
     rows, tokens = 6, 20
@@ -110,7 +109,8 @@ def test_trinitys_distillation_equals_agenttunes_loss_on_a_random_batch():
     theirs.backward()
 
     ours_logprob = current.clone().requires_grad_(True)
-    loss = DistillationLoss(DistillationOptions(teacher="t"))
+    loss_cls = get_component("policy_losses", "distillation")  # agenttune's built-in, as the local trainer gets it
+    loss = loss_cls(loss_cls.Options(teacher="t"))
     output = loss(LossInput(logprobs=ours_logprob, old_logprobs=old, advantages=torch.zeros(rows), mask=mask,
                             clip_low=0.2, clip_high=0.2, teacher_logprobs=teacher))
     ours = (output.per_token * mask).sum() / mask.sum()  # token-mean, as the local trainer aggregates
@@ -196,7 +196,7 @@ async def test_the_workflow_scores_experiences_with_the_auxiliary_teacher(distil
     assert all(torch_close(a.teacher_logprobs, b.teacher_logprobs) for a, b in zip(restored, experiences, strict=True))
 
 
-async def test_a_runner_without_the_teacher_is_a_clear_error(distill_config):
+async def test_a_runner_without_the_teacher_is_a_clear_error():
     from agenttune_trinity.teacher import the_teacher
 
     with pytest.raises(UserError, match="needs the teacher as Trinity's first auxiliary model"):
