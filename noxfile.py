@@ -131,9 +131,11 @@ def trinity(session: nox.Session) -> None:
     # trinity-rft's own requirements resolve verl and need vLLM for GPUs; neither installs usefully on a
     # CPU machine. So: trinity-rft with --no-deps, plus what its config, buffer, workflow and explorer
     # modules import (the plugin's `cpu` extra); the tests stub `vllm` where Trinity imports it.
+    # verl 0.9.0 (Trinity's pin) also --no-deps: Trinity's advantage functions import its DataProto.
+    # pylatexenc: what Trinity's DAPO reward function imports, which the overlong-shaping test compares to.
     session.install(CPU_TORCH)
-    session.install("--no-deps", "trinity-rft==0.6.0")
-    session.install(CPU_TORCH, "-e", ".[dev,local]", "-e", "plugins/trinity[cpu]")
+    session.install("--no-deps", "trinity-rft==0.6.0", "verl==0.9.0")
+    session.install(CPU_TORCH, "-e", ".[dev,local]", "-e", "plugins/trinity[cpu]", "pylatexenc")
     session.run("pytest", "plugins/trinity/tests", *session.posargs)
 
 

@@ -230,3 +230,8 @@ class Episode(BaseModel):
     @property
     def num_calls(self) -> int:
         return sum(sample.num_calls for sample in self.samples)
+
+    @property
+    def generated_tokens(self) -> int:
+        """The tokens the trained model generated in this episode: what DAPO's overlong penalty counts."""
+        return sum(sample.num_trained_tokens for sample in self.trainable_samples)

@@ -37,6 +37,13 @@ class OverlongShapingOptions(Section):
             raise ValueError(f"buffer ({self.buffer}) must not exceed max_length ({self.max_length})")
         return self
 
+    def shaping(self, generated_tokens: int) -> float:
+        """What to subtract from the reward of an episode that generated this many tokens (0 when off).
+
+        Every backbone applies it to the same count, `Episode.generated_tokens`: the local one before
+        its estimator, verl and Trinity to the reward the episode hands their trainer."""
+        return self.penalty_for(generated_tokens) if self.enable else 0.0
+
     def penalty_for(self, generated_tokens: int) -> float:
         """DAPO's rule: 0 up to max_length - buffer, then linear to `penalty` at max_length, `penalty` beyond."""
         expected = self.max_length - self.buffer

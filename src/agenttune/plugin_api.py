@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from agenttune.judges.llm_judge import LLMJudge, LLMJudgeError, LLMJudgeOptions
     from agenttune.losses.base import LossInput, LossOutput, PolicyLoss
     from agenttune.model_loading import resolve_model_path
+    from agenttune.objective_options import OverlongShapingOptions
     from agenttune.parsers.base import ReasoningParser, ToolParse, ToolParser
     from agenttune.plugins import get_component, get_plugin_manager, registered_plugin
     from agenttune.readers.base import TaskReader
@@ -160,6 +161,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     # Rollout correction: the local backbone's maths, which a backbone's own must match.
     "importance_weights": ("agenttune.backbones.local.rollout_correction", "importance_weights"),
     "rejection_mask": ("agenttune.backbones.local.rollout_correction", "rejection_mask"),
+    # DAPO's overlong reward shaping (algorithm.overlong_shaping), which a backbone applies to its rewards.
+    "OverlongShapingOptions": ("agenttune.objective_options", "OverlongShapingOptions"),
     # Talking to services.
     "RetryPolicy": ("agenttune.http_retry", "RetryPolicy"),
     "send_with_retries": ("agenttune.http_retry", "send_with_retries"),

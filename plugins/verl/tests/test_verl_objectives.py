@@ -156,7 +156,6 @@ def test_dynamic_sampling_becomes_filter_groups():
 @pytest.mark.parametrize(("algorithm", "words"), [
     ({"adv_estimator": "turn_grpo"}, "no equivalent in verl"),
     ({"zero_variance_groups": "drop"}, "zero_variance_groups=drop is not available"),
-    ({"overlong_shaping": {"enable": True}}, "overlong_shaping is not yet translated"),
 ])
 def test_objectives_verl_lacks_are_refused_in_one_paragraph(algorithm, words):
     from agenttune_verl.backbone import config_problems

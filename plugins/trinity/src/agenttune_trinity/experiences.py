@@ -11,6 +11,11 @@ A sample longer than `data.max_prompt_length` / `data.max_response_length` is sp
 boundaries (agenttune's `fit_to_limits`, as the local and verl backbones do), each part with its own
 full prompt; calls that fit in no part are dropped and counted (`truncation/...` on the episode).
 
+With `algorithm.overlong_shaping` on, a training episode's reward is the judge's minus DAPO's
+overlong penalty on its generated tokens (`OverlongShapingOptions.shaping`, the local backbone's rule).
+Trinity's own DAPO shaping lives in a math reward function (`math_dapo_reward`) that agenttune's judge
+replaces, so it is applied here; it equals that function's `compute_overlong_penalty` (tests).
+
 Failed episodes (crashed, timed out, judge failed) give no Experience: like the local backbone, an
 engine crash says nothing about the policy. An episode that ended normally but has no trainable
 sample (its agents are not trained, or it never called the model) still gives one Experience with
@@ -22,14 +27,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agenttune.plugin_api import Episode, Sample, fit_all, record_fitting, step_metrics
+from agenttune.plugin_api import (
+    Episode,
+    OverlongShapingOptions,
+    Sample,
+    fit_all,
+    record_fitting,
+    step_metrics,
+)
+
+OVERLONG_PENALTY = "overlong_penalty"  # the group's summed penalty, in the step metrics Trinity averages
 
 
 def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,
-                        limits: tuple[int, int] | None = None) -> list[Any]:
+                        limits: tuple[int, int] | None = None,
+                        overlong: OverlongShapingOptions | None = None) -> list[Any]:
     """The Trinity Experiences of one episode, in timeline order ([] when it failed).
 
     `limits`: (max prompt, max response) tokens; longer samples are split at call boundaries.
+    `overlong`: DAPO's shaping of the reward (training tasks only).
     """
     if episode.status.failed:
         return []
@@ -40,11 +56,13 @@ def episode_experiences(episode: Episode, *, run_id: int, pad_token_id: int,
         samples = fitted.parts
     if not samples:
         samples = [_placeholder(episode, pad_token_id)]
-    return [_experience(episode, sample, run_id=run_id, step=step) for step, sample in enumerate(samples)]
+    reward = episode.reward - (overlong.shaping(episode.generated_tokens) if overlong is not None else 0.0)
+    return [_experience(episode, sample, reward, run_id=run_id, step=step) for step, sample in enumerate(samples)]
 
 
 def group_experiences(episodes: Sequence[Episode], *, run_id_base: int, pad_token_id: int,
-                      limits: tuple[int, int] | None = None) -> list[Any]:
+                      limits: tuple[int, int] | None = None,
+                      overlong: OverlongShapingOptions | None = None) -> list[Any]:
     """The Experiences of one task's group of episodes, with the group's step metrics on the last one.
 
     Trinity averages the metrics it finds on Experiences over a step's tasks, so the names are
@@ -54,14 +72,17 @@ def group_experiences(episodes: Sequence[Episode], *, run_id_base: int, pad_toke
         experience
         for episode in episodes
         for experience in episode_experiences(episode, run_id=run_id_base + episode.repeat_index,
-                                              pad_token_id=pad_token_id, limits=limits)
+                                              pad_token_id=pad_token_id, limits=limits, overlong=overlong)
     ]
     if experiences:
         experiences[-1].metrics = step_metrics(episodes)
+        if overlong is not None and overlong.enable:
+            experiences[-1].metrics[OVERLONG_PENALTY] = sum(
+                overlong.shaping(episode.generated_tokens) for episode in episodes if not episode.status.failed)
     return experiences
 
 
-def _experience(episode: Episode, sample: Sample, *, run_id: int, step: int) -> Any:
+def _experience(episode: Episode, sample: Sample, reward: float, *, run_id: int, step: int) -> Any:
     from trinity.common.experience import EID, Experience
 
     return Experience(
@@ -70,7 +91,7 @@ def _experience(episode: Episode, sample: Sample, *, run_id: int, step: int) -> 
         prompt_length=len(sample.prompt_ids),
         action_mask=[bool(flag) for flag in sample.loss_mask],
         logprobs=list(sample.logprobs),
-        reward=float(episode.reward),
+        reward=float(reward),
         info={
             "agenttune_episode_id": episode.episode_id,
             "agenttune_task_id": episode.task.task_id,

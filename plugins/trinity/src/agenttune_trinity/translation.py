@@ -82,8 +82,9 @@ def mode(config: AgentTuneConfig) -> str:
 
 
 def rollout_engines(config: AgentTuneConfig) -> int:
-    # Half of the GPUs serve rollouts (one vLLM engine each), the other half train.
-    return max(1, total_gpus(config) // 2) if mode(config) == "both" else 1
+    # Half of the GPUs serve rollouts (one vLLM engine each), the other half train; a distillation
+    # teacher's GPU is taken out first.
+    return max(1, (total_gpus(config) - teacher_gpus(config)) // 2) if mode(config) == "both" else 1
 
 
 def runners_per_engine(config: AgentTuneConfig) -> int:
@@ -178,8 +179,17 @@ def lr_scheduler(config: AgentTuneConfig) -> str:
     return schedule
 
 
-# agenttune's policy loss -> Trinity-RFT 0.6.0's policy_loss_fn (all three take clip_range_low/high)
-TRINITY_LOSSES = {"ppo_clip": "ppo", "gspo": "gspo", "cispo": "cispo"}
+# agenttune's policy loss -> Trinity-RFT 0.6.0's policy_loss_fn (the first three take clip_range_low/high;
+# importance_sampling, -A_t r_t unclipped, is what Trinity's on-policy distillation trains with)
+TRINITY_LOSSES = {"ppo_clip": "ppo", "gspo": "gspo", "cispo": "cispo", "distillation": "importance_sampling"}
+CLIPPED_LOSSES = ("ppo_clip", "gspo", "cispo")
+
+
+def algorithm_type(config: AgentTuneConfig) -> str:
+    if config.algorithm.policy_loss == "distillation":
+        check_distillation(config)
+        return "on_policy_distill"
+    return grpo_algorithm(config)
 
 
 def grpo_algorithm(config: AgentTuneConfig) -> str:
@@ -209,8 +219,8 @@ def policy_loss_fn(config: AgentTuneConfig) -> str:
         raise UserError(f"algorithm.policy_loss = {algorithm.policy_loss!r} has no equivalent among Trinity-RFT's "
                         "policy losses.",
                         hint=f"Use one of {', '.join(TRINITY_LOSSES)} with --backbone trinity, or --backbone local.")
+    # overlong_shaping needs no translation: the workflow shapes the rewards it hands Trinity (experiences.py)
     for name, on in (("dynamic_sampling", algorithm.dynamic_sampling.enable),
-                     ("overlong_shaping", algorithm.overlong_shaping.enable),
                      ("zero_variance_groups: drop", algorithm.zero_variance_groups == "drop")):
         if on:
             raise UserError(f"algorithm.{name} is not translated for the trinity backbone: agenttune does not yet "
@@ -218,6 +228,94 @@ def policy_loss_fn(config: AgentTuneConfig) -> str:
                             hint="Turn it off for --backbone trinity, or use --backbone local (or verl, which has "
                                  "dynamic sampling as filter_groups).")
     return TRINITY_LOSSES[algorithm.policy_loss]
+
+
+def clip_range(config: AgentTuneConfig, bound: float) -> float | None:
+    """The clip bound for the clipped losses; none for importance_sampling, whose constructor takes none."""
+    return bound if config.algorithm.policy_loss in CLIPPED_LOSSES else None
+
+
+# -- on-policy distillation (algorithm.policy_loss: distillation) -----------------------------------
+# agenttune (losses/distillation.py) trains each token on A_t = log π_teacher(t) - log π_old(t)
+# (+ reward_weight x the estimator's advantage), loss -A_t r_t with r_t = π_θ / π_old, no clip.
+# Trinity-RFT 0.6.0's `on_policy_distill` algorithm computes A_t = kl_coef x (teacher_logprobs -
+# old_log_probs) in its trainer (advantage_fn on_policy_distill) and `importance_sampling` trains
+# -A_t r_t unclipped (its log-ratio clamped to ±20); kl_coef 1 is agenttune's rule
+# (plugins/trinity/tests/test_distillation.py runs both on one batch). Trinity takes π_old from the
+# rollout engine's log-probs (algorithm.bypass_old_logprobs, its default and the only path it
+# validates), as it does for every algorithm here; agenttune's local backbone recomputes them unless
+# rollout_correction.bypass_mode: the same numbers up to the engine's numerical mismatch. The teacher
+# is Trinity's first auxiliary model (a vLLM engine on its own GPU); agenttune's workflow fills
+# `Experience.teacher_logprobs` from it (teacher.py), scoring at rollout.temperature as agenttune's
+# hf teacher does.
+TEACHER_GPUS = 1  # one vLLM engine, tensor parallel 1; trinity.explorer.auxiliary_models overrides it
+
+
+def distillation_options(config: AgentTuneConfig) -> Any:
+    """The distillation loss's options, validated (teacher, teacher_engine, reward_weight, ...)."""
+    from pydantic import ValidationError
+
+    from agenttune.plugin_api import get_component
+
+    try:
+        return get_component("policy_losses", "distillation").Options.model_validate(
+            config.algorithm.policy_loss_options)
+    except ValidationError as error:
+        raise UserError(f"Invalid algorithm.policy_loss_options for 'distillation': {error.errors()[0]['msg']}.",
+                        hint="See the 'distillation' options in docs/local.md (Objectives).") from None
+
+
+def teacher_gpus(config: AgentTuneConfig) -> int:
+    return TEACHER_GPUS if config.algorithm.policy_loss == "distillation" else 0
+
+
+def check_distillation(config: AgentTuneConfig) -> None:
+    """Refuse, in one paragraph, what of agenttune's distillation Trinity-RFT 0.6.0 cannot run as the same rule."""
+    options = distillation_options(config)
+    local = "or train this objective with --backbone local"
+    if options.teacher_engine != "hf":
+        raise UserError(
+            f"algorithm.policy_loss_options.teacher_engine={options.teacher_engine!r} has no equivalent in "
+            "Trinity-RFT 0.6.0: its distillation teacher is an auxiliary model it serves itself, and its external "
+            "(OpenAI API) engine cannot return the prompt log-probs the teacher must give.",
+            hint=f"Set policy_loss_options.teacher to the teacher's model directory (teacher_engine: hf), {local}.")
+    if str(options.teacher).startswith("tiny://"):
+        raise UserError(
+            f"algorithm.policy_loss_options.teacher={options.teacher!r}: Trinity's vLLM teacher loads real model "
+            "directories, not agenttune's tiny:// test models.",
+            hint="Write one with `agenttune model init-tiny DIR` and set the teacher to DIR.")
+    if options.reward_weight:
+        raise UserError(
+            f"algorithm.policy_loss_options.reward_weight={options.reward_weight:g} has no equivalent in Trinity-RFT "
+            "0.6.0: its on_policy_distill advantage is the teacher's log-prob minus the student's alone, with no "
+            "task reward added.",
+            hint=f"Use reward_weight 0 (pure distillation) with --backbone trinity, use --backbone verl (reward_weight "
+                 f"1), {local}.")
+    if config.algorithm.kl_coef > 0:
+        raise UserError(
+            f"algorithm.kl_coef={config.algorithm.kl_coef:g} with policy_loss distillation has no equivalent in "
+            "Trinity-RFT 0.6.0: its on_policy_distill algorithm runs no reference model, so there is no KL term.",
+            hint=f"Set algorithm.kl_coef: 0 for distillation on Trinity, {local}.")
+    gpus = total_gpus(config)
+    if 0 < gpus < 3:
+        raise UserError(
+            f"policy_loss distillation needs at least 3 GPUs with the trinity backbone, and "
+            f"trainer.n_gpus_per_node x trainer.nnodes is {gpus}: Trinity-RFT serves the teacher as an auxiliary "
+            "model on its own GPU beside at least one rollout engine and one training GPU, and its one-GPU "
+            "(colocate) mode takes no auxiliary model.",
+            hint=f"Give the run 3 or more GPUs, {local}.")
+
+
+def auxiliary_models(config: AgentTuneConfig) -> list[dict[str, Any]] | None:
+    if config.algorithm.policy_loss != "distillation":
+        return None
+    return [{"model_path": distillation_options(config).teacher, "engine_type": "vllm", "engine_num": 1,
+             "tensor_parallel_size": TEACHER_GPUS, "dtype": rollout_dtype(config), "seed": config.trainer.seed}]
+
+
+def advantage_kl_coef(config: AgentTuneConfig) -> float | None:
+    # A_t = kl_coef x (log π_teacher - log π_old): agenttune's reverse-KL advantage has coefficient 1.
+    return 1.0 if config.algorithm.policy_loss == "distillation" else None
 
 
 def loss_agg_mode(config: AgentTuneConfig) -> str:
@@ -297,13 +395,17 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("cluster.node_num", "trainer.nnodes", lambda c, p: c.trainer.nnodes if c.trainer.n_gpus_per_node else None),
     _t("cluster.gpu_per_node", "trainer.n_gpus_per_node", lambda c, p: c.trainer.n_gpus_per_node or None),
     # algorithm: GRPO, group size = num_repeat
-    _t("algorithm.algorithm_type", "algorithm.adv_estimator (grpo → multi_step_grpo)", lambda c, p: grpo_algorithm(c)),
+    _t("algorithm.algorithm_type", "algorithm.adv_estimator (grpo → multi_step_grpo); policy_loss distillation → "
+       "on_policy_distill", lambda c, p: algorithm_type(c)),
+    _t("algorithm.advantage_fn_args.kl_coef", "(distillation only: 1, agenttune's reverse-KL advantage)",
+       lambda c, p: advantage_kl_coef(c)),
     _t("algorithm.repeat_times", "rollout.num_repeat", lambda c, p: c.rollout.num_repeat),
-    _t("algorithm.policy_loss_fn", "algorithm.policy_loss (ppo_clip → ppo, gspo, cispo)", lambda c, p: policy_loss_fn(c)),
-    _t("algorithm.policy_loss_fn_args.clip_range_low", "algorithm.clip_ratio_low",
-       lambda c, p: c.algorithm.clip_ratio_low),
-    _t("algorithm.policy_loss_fn_args.clip_range_high", "algorithm.clip_ratio_high",
-       lambda c, p: c.algorithm.clip_ratio_high),
+    _t("algorithm.policy_loss_fn", "algorithm.policy_loss (ppo_clip → ppo, gspo, cispo; distillation → "
+       "importance_sampling)", lambda c, p: policy_loss_fn(c)),
+    _t("algorithm.policy_loss_fn_args.clip_range_low", "algorithm.clip_ratio_low (not for distillation)",
+       lambda c, p: clip_range(c, c.algorithm.clip_ratio_low)),
+    _t("algorithm.policy_loss_fn_args.clip_range_high", "algorithm.clip_ratio_high (not for distillation)",
+       lambda c, p: clip_range(c, c.algorithm.clip_ratio_high)),
     _t("algorithm.loss_agg_mode", "algorithm.loss_agg_mode (gspo: seq-mean-token-mean)", lambda c, p: loss_agg_mode(c)),
     _t("algorithm.kl_penalty_fn", "(none: KL goes into the loss)", lambda c, p: "none"),
     _t("algorithm.kl_loss_fn", "algorithm.kl_estimator (none when algorithm.kl_coef is 0)", lambda c, p: kl_loss(c)),
@@ -328,8 +430,8 @@ TRANSLATIONS: tuple[Translation, ...] = (
        eval_tasksets),
     # explorer: vLLM rollout engines behind an OpenAI API (the gateway sends it prompt token ids)
     _t("explorer.rollout_model.engine_type", "(vllm)", lambda c, p: "vllm"),
-    _t("explorer.rollout_model.engine_num", "trainer.n_gpus_per_node × trainer.nnodes ÷ 2 (colocate: 1)",
-       lambda c, p: rollout_engines(c)),
+    _t("explorer.rollout_model.engine_num", "(trainer.n_gpus_per_node × trainer.nnodes − the teacher's GPU) ÷ 2 "
+       "(colocate: 1)", lambda c, p: rollout_engines(c)),
     _t("explorer.rollout_model.tensor_parallel_size", "(1; set trinity.explorer.rollout_model.… for more)",
        lambda c, p: 1),
     _t("explorer.rollout_model.enable_openai_api", "(on: the gateway's engine calls /v1/completions)",
@@ -338,6 +440,8 @@ TRANSLATIONS: tuple[Translation, ...] = (
        lambda c, p: False),
     _t("explorer.rollout_model.dtype", "model.dtype (auto → bfloat16)", lambda c, p: rollout_dtype(c)),
     _t("explorer.rollout_model.seed", "trainer.seed", lambda c, p: c.trainer.seed),
+    _t("explorer.auxiliary_models", "algorithm.policy_loss_options.teacher (distillation: the teacher, one vLLM "
+       "engine on one GPU)", lambda c, p: auxiliary_models(c)),
     _t("explorer.runner_per_model", "rollout.max_env_worker ÷ rollout.num_repeat", lambda c, p: runners_per_engine(c)),
     _t("explorer.max_timeout", "rollout.episode_timeout + judge.timeout (+60 s; × rounds when num_repeat > "
        "max_env_worker)", lambda c, p: task_timeout(c)),

@@ -5,7 +5,8 @@ see translation.py); importing this module also registers it as `agenttune_workf
 `WORKFLOWS` registry. For one task it runs the user's workflow `repeat_times` times (the GRPO group)
 through agenttune's rollout engine: every chat call goes through the gateway to Trinity's rollout
 model as token ids, the configured judge scores each episode, the episodes are appended to the rollout
-log in the run directory, and their merged timeline samples come back as Experiences.
+log in the run directory, and their merged timeline samples come back as Experiences. For on-policy
+distillation the teacher (Trinity's first auxiliary model) scores them (teacher.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from agenttune.plugin_api import Episode, RolloutLog, SamplingParams, TokenText,
 from agenttune_trinity.experiences import group_experiences
 from agenttune_trinity.stack import AgentTuneStack, stack_for
 from agenttune_trinity.taskset import task_from_row
+from agenttune_trinity.teacher import score_with_teacher, the_teacher
 
 TRAIN, VALIDATION = "train", "validation"
 
@@ -51,14 +53,19 @@ class AgentTuneWorkflow(Workflow):
         episodes = await stack.session.rollout.run_tasks([task], num_repeat=self.repeat_times,
                                                           sampling=self.sampling())
         write_rollout_log(stack, episodes, step=self.step(), split=VALIDATION if self.task.is_eval else TRAIN)
+        algorithm = stack.config.algorithm
         experiences = group_experiences(episodes, run_id_base=self.run_id_base,
                                         pad_token_id=pad_token_id(stack.session.tokenizer),
-                                        limits=stack.session.config.data.length_limits())
+                                        limits=stack.config.data.length_limits(),
+                                        overlong=None if self.task.is_eval else algorithm.overlong_shaping)
         if not experiences:
             # Trinity records the task as failed (and may retry it); say why in its log.
             raise RuntimeError(f"every episode of task {task.task_id!r} failed: " + "; ".join(
                 f"{episode.status.value}: {(episode.error or '').splitlines()[0][:300] if episode.error else '?'}"
                 for episode in episodes))
+        if algorithm.policy_loss == "distillation" and not self.task.is_eval:
+            await score_with_teacher(experiences, the_teacher(self.auxiliary_model_wrappers),
+                                     temperature=stack.config.rollout.temperature)
         return experiences
 
     def sampling(self) -> SamplingParams:

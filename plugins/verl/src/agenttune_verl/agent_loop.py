@@ -127,7 +127,8 @@ class WorkerRuntime:
         can_drop = keep_all_samples and split == "train"
         outputs = episode_outputs(episode, limits, stats=stats, task_prompt=lambda: self._prompt_ids(row),
                                   pad_token_id=self._pad_token_id(), keep_all_samples=keep_all_samples, step=step,
-                                  can_drop=can_drop)
+                                  can_drop=can_drop,
+                                  overlong=self.config.algorithm.overlong_shaping if split == "train" else None)
         if not outputs:
             log.info("failed episode dropped from training", episode=episode.episode_id, status=episode.status.value)
         self._log(episode, step=step, split=split)

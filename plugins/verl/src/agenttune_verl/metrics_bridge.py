@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.plugin_api import Episode, MetricsLog, RolloutLog, get_logger, read_records, step_metrics
-from agenttune_verl.outputs import FAILED_EPISODE_DROPPED
+from agenttune_verl.outputs import FAILED_EPISODE_DROPPED, OVERLONG_PENALTY
 
 log = get_logger("verl.metrics")
 
 TRUNCATION_PREFIX = "truncation/"
 FAILED_EPISODES_SKIPPED = "train/failed_episodes_skipped"
+OVERLONG_PENALTY_SUM = "train/overlong_penalty"  # the local backbone's name: the step's penalties, summed
 VALIDATION = "validation"
 
 
@@ -37,6 +38,9 @@ def bridge_step(verl_line: dict[str, Any], rollout_log: RolloutLog) -> tuple[int
             metrics.update(truncation_metrics(episodes, prefix=prefix))
             if split == "train":
                 metrics[FAILED_EPISODES_SKIPPED] = failed_episodes_dropped(episodes)
+                if any(OVERLONG_PENALTY in episode.metrics for episode in episodes):
+                    metrics[OVERLONG_PENALTY_SUM] = sum(episode.metrics.get(OVERLONG_PENALTY, 0.0)
+                                                        for episode in episodes)
     return step, metrics
 
 

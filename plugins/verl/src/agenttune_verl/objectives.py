@@ -2,7 +2,9 @@
 
 Where verl has the same rule, the config selects it (plugins/verl/tests/test_verl_objectives.py
 checks that each pair computes the same numbers); where it has none, `objective_problems` refuses
-the config in one paragraph instead of training something else.
+the config in one paragraph instead of training something else. `algorithm.overlong_shaping` needs
+no translation: verl applies DAPO's penalty in its DAPO reward manager, which agenttune's agent loop
+bypasses, so the agent loop subtracts the same penalty from the reward it hands verl (outputs.py).
 """
 
 from __future__ import annotations
@@ -168,10 +170,4 @@ def objective_problems(config: AgentTuneConfig) -> list[UserError]:
             "denominator), and its only way to leave such groups out is to replace them (filter_groups).",
             hint="Remove algorithm.zero_variance_groups (keep, the default, is verl's behaviour), or set "
                  "algorithm.dynamic_sampling.enable: true, which becomes verl's algorithm.filter_groups."))
-    if algorithm.overlong_shaping.enable:
-        problems.append(UserError(
-            "algorithm.overlong_shaping is not yet translated for the verl backbone: verl 0.9.1 applies DAPO's "
-            "overlong penalty in its DAPO reward manager, which agenttune's agent loop (it hands verl the judge's "
-            "reward) does not run.",
-            hint="Turn overlong_shaping off for --backbone verl, or use --backbone local."))
     return problems

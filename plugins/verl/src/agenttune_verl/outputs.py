@@ -18,6 +18,12 @@ output per episode — it answers with the placeholder below instead, never with
 An episode with no trainable sample (a failure where it cannot be dropped, or an episode whose
 agents are not trained) answers with one placeholder output whose mask is all zero: its reward
 then counts in its GRPO group's baseline, and no token is trained.
+
+With `algorithm.overlong_shaping` on, a training row's reward is the judge's minus DAPO's overlong
+penalty on the episode's generated tokens (`OverlongShapingOptions.shaping`), the penalty verl's
+own DAPO reward manager would subtract (plugins/verl/tests/test_verl_overlong.py), which agenttune's
+agent loop bypasses: it hands verl the reward. The penalty is recorded on the episode
+(`overlong_penalty`; summed per step as `train/overlong_penalty`, the local backbone's metric).
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.plugin_api import Episode, Sample, fit_all, record_fitting
+from agenttune.plugin_api import Episode, OverlongShapingOptions, Sample, fit_all, record_fitting
 from agenttune_verl.engine import RequestStats
 
 # Per episode in the rollout log; the metrics bridge sums it per step as `train/failed_episodes_skipped`.
 FAILED_EPISODE_DROPPED = "verl/failed_episode_dropped"
+# Per episode in the rollout log: DAPO's penalty subtracted from the reward verl trained on.
+OVERLONG_PENALTY = "overlong_penalty"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ def episode_outputs(
     keep_all_samples: bool,
     step: int,
     can_drop: bool = False,
+    overlong: OverlongShapingOptions | None = None,
 ) -> list[Any]:
     """The episode's `AgentLoopOutput`s, in timeline order; also records truncation metrics on it.
 
@@ -73,7 +82,8 @@ def episode_outputs(
     training step the row was fed at, the model version when verl reported none. `task_prompt()`
     gives the row's prompt ids, the context of the placeholder output of an episode with no sample.
     `can_drop`: verl accepts no output for this episode (a training row under the V1 trainer); a
-    failed episode then gives none (and is counted), otherwise the placeholder.
+    failed episode then gives none (and is counted), otherwise the placeholder. `overlong`: the
+    run's DAPO shaping, for training rows (validation reports the judge's reward).
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
@@ -95,19 +105,29 @@ def episode_outputs(
         compute_score=episode.metrics.get("judge_s", 0.0),
         num_preempted=stats.num_preempted if stats.calls else -1,
     )
+    reward = float(episode.reward) - overlong_penalty(episode, overlong)
     return [
         AgentLoopOutput(
             prompt_ids=cut.prompt_ids,
             response_ids=cut.response_ids,
             response_mask=cut.response_mask,
             response_logprobs=cut.logprobs,
-            reward_score=float(episode.reward),
+            reward_score=reward,
             num_turns=max(2, len(episode.messages)),
             metrics=metrics,
             extra_fields=_extra_fields(episode, stats, step),
         )
         for cut in cuts
     ]
+
+
+def overlong_penalty(episode: Episode, overlong: OverlongShapingOptions | None) -> float:
+    """DAPO's penalty for the episode's length (0 for a failure, which trains nothing); recorded on it."""
+    if overlong is None or not overlong.enable or episode.status.failed:
+        return 0.0
+    penalty = overlong.shaping(episode.generated_tokens)
+    episode.metrics[OVERLONG_PENALTY] = penalty
+    return penalty
 
 
 def _placeholder(prompt_ids: list[int], pad_token_id: int, limits: Limits) -> Cut:

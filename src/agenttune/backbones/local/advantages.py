@@ -36,14 +36,10 @@ class StepAdvantages:
         return self.zero_variance_groups / self.num_groups if self.num_groups else 0.0
 
 
-def generated_tokens(episode: Episode) -> int:
-    return sum(sample.num_trained_tokens for sample in episode.trainable_samples)
-
-
 def scored(episode: Episode, overlong: OverlongShapingOptions | None = None) -> Scored:
     """What the estimator sees of an episode: its (shaped) reward, generated tokens, calls and turn rewards."""
-    tokens = generated_tokens(episode)
-    penalty = overlong.penalty_for(tokens) if overlong is not None and overlong.enable else 0.0
+    tokens = episode.generated_tokens
+    penalty = overlong.shaping(tokens) if overlong is not None else 0.0
     turns = tuple(episode.turn_rewards) if episode.turn_rewards is not None else None
     return Scored(episode.episode_id, episode.reward - penalty, tokens=max(tokens, 1),
                   calls=sum(sample.num_calls for sample in episode.samples) or 1, turn_rewards=turns)
