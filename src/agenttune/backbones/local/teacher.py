@@ -173,14 +173,18 @@ def _local_model(path: str, config: AgentTuneConfig, student: torch.nn.Module) -
     from agenttune.model_loading import resolve_model_path
 
     teacher = load_pretrained(resolve_model_path(path), config, next(student.parameters()).device)
-    _check_vocabulary(path, teacher.get_input_embeddings().num_embeddings, config, student)  # type: ignore[operator]
+    _check_vocabulary(path, _vocabulary(teacher), config, student)
     log.info("distillation teacher loaded", teacher=path)
     teacher.requires_grad_(False)
     return teacher.eval()
 
 
+def _vocabulary(model: torch.nn.Module) -> int:
+    return int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
+
+
 def _check_vocabulary(path: str, size: int, config: AgentTuneConfig, student: torch.nn.Module) -> None:
-    own = student.get_input_embeddings().num_embeddings  # type: ignore[operator]
+    own = _vocabulary(student)
     if size != own:
         raise UserError(f"The distillation teacher {path!r} has a vocabulary of {size} tokens, the student "
                         f"({config.model.path!r}) one of {own}: the teacher must score the student's token ids.",
