@@ -16,6 +16,12 @@ vLLM's GPU kernels cannot run here, but its Python API imports on CPU. What this
 - our SamplingParams (guides included) construct vLLM's real `SamplingParams`;
 - vLLM's real `RequestOutput` / `CompletionOutput` / `Logprob` (list and `FlatLogprobs` forms)
   translate to Generations.
+- prompt scoring (`prompt_logprobs`: a `teacher_engine: vllm` distillation teacher, `agenttune serve`'s
+  echo): our scoring SamplingParams build vLLM's real class; prompt log-probs computed by vLLM's own
+  Sampler rule from a tiny model's logits, whole or in prefill chunks, go through vLLM's real
+  OutputProcessor into `RequestOutput.prompt_logprobs` (list and `FlatLogprobs` forms) and come out
+  as each token's log-prob; the teacher built on it (sleeping between steps) gives the `hf`
+  teacher's values.
 What is not tested here: CUDA (the IPC handles themselves, sleep mode's allocator, decoding).
 """
 
