@@ -390,3 +390,28 @@ def test_a_vllm_teacher_scores_as_the_hf_teacher_at_temperature_one(tiny_model):
         assert torch.allclose(score * batch.mask, hf * batch.mask, atol=1e-5)
     assert recorder.calls == ["sleep", "wake_up"] + ["generate"] * 3 + ["sleep", "shutdown"]
     assert recorder.arguments["sleep"].arguments["level"] == 1
+
+
+def test_the_teachers_engine_is_built_with_vllms_own_arguments(tiny_model_path, monkeypatch):
+    """`VLLMEngine.scorer`: vLLM's real AsyncEngineArgs for the teacher (its model, the run's context plus
+    the one token vLLM generates, sleep mode for level 1), handed to `from_engine_args` as vLLM defines it."""
+    from agenttune.config import AgentTuneConfig
+
+    built = []
+
+    def from_engine_args(*args, **kwargs):
+        inspect.signature(AsyncLLMEngine.from_engine_args).bind(*args, **kwargs)
+        built.append(args[0])
+        return CheckedAsyncLLM()
+
+    monkeypatch.setattr(AsyncLLMEngine, "from_engine_args", from_engine_args)
+    config = AgentTuneConfig.model_validate({"model": {"path": "tiny://distil-student", "max_model_len": 2048}})
+    engine = VLLMEngine.scorer(config, VLLMOptions(sleep_level=1, gpu_memory_utilization=0.3), str(tiny_model_path))
+    (arguments,) = built
+    assert isinstance(arguments, AsyncEngineArgs)
+    assert arguments.model == arguments.tokenizer == str(tiny_model_path)
+    assert (arguments.max_model_len, arguments.enable_sleep_mode, arguments.gpu_memory_utilization) == (2049, True, 0.3)
+    assert arguments.weight_transfer_config is None  # a teacher is never sent weights
+    assert engine.sleep_level == 1 and VLLMEngine.scores_prompts
+    VLLMEngine.scorer(config, VLLMOptions(sleep_level=0), str(tiny_model_path))
+    assert built[-1].enable_sleep_mode is False
