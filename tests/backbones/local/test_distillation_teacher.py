@@ -311,3 +311,22 @@ def _items():
     made = episodes()
     items, _ = build_items(made, {e.episode_id: 0.0 for e in made}, max_prompt_length=64, max_response_length=64)
     return items
+
+
+def test_training_closes_the_teacher_however_it_ends(monkeypatch):
+    """`train` closes the trainer (and so a teacher's engine) after the loop, also when the loop fails."""
+    import types
+
+    from agenttune.backbones.local import loop
+
+    closed = []
+    trainer = types.SimpleNamespace(close=lambda: closed.append(True))
+    monkeypatch.setattr(loop, "prepare", lambda run: types.SimpleNamespace(trainer=trainer))
+
+    async def failing(run, setup):
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(loop, "training_loop", failing)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        loop.train(None)  # type: ignore[arg-type]
+    assert closed == [True]
