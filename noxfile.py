@@ -148,6 +148,7 @@ VLLM_CPU_IMPORTS = (
     "transformers>=5.16.1,<5.21", "msgspec", "cbor2", "pyzmq>=25.0.0", "aiohttp>=3.14.4", "requests>=2.33.0",
     "oss-harmony>=0.0.11", "cloudpickle", "pybase64", "cachetools", "py-cpuinfo", "prometheus_client>=0.18.0",
     "fastapi>=0.133.0,<0.137.0", "partial-json-parser", "llguidance>=1.7.0,<1.8.0", "uvloop",
+    "xgrammar==0.2.8",  # vllm.parser imports it (AsyncLLM's input processor); no longer in agenttune[local]
 )
 
 

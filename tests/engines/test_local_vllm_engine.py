@@ -595,6 +595,70 @@ def test_vllm_weight_version_spans_become_per_token_versions():
     assert span_versions(completion([Span("1", 1, 3)], 2)) is None
 
 
+# -- scoring prompts (a distillation teacher, agenttune serve's /v1/completions echo) -------------------
+@dataclass
+class ScoredOutput:  # the RequestOutput fields prompt scoring reads
+    prompt_logprobs: list
+    outputs: list[Completion]
+
+
+class ScoringAsyncLLM(StandInAsyncLLM):
+    """vLLM's prompt log-probs in their list form: None first, then {actual token: Logprob}; here each
+    token's log-prob is -token/1000, so a value tells which token (and position) it belongs to."""
+
+    async def generate(self, prompt, params, request_id):
+        self.calls.append("generate")
+        self.requests.append((prompt, params, request_id))
+        ids = prompt["prompt_token_ids"]
+        yield ScoredOutput([None] + [{token: Logprob(-token / 1000)} for token in ids[1:]], [Completion([3], None, "length")])
+
+
+async def test_prompt_logprobs_reads_each_tokens_entry_after_the_first(stand_in_vllm):
+    from agenttune.engines.vllm import VLLMEngine
+
+    engine = make_engine()
+    engine.engine = ScoringAsyncLLM(FakeIPC())
+    assert VLLMEngine.scores_prompts
+    assert await engine.prompt_logprobs([5, 9, 2]) == [-0.009, -0.002]
+    assert await engine.prompt_logprobs([5]) == []  # nothing to score: vLLM is not asked
+    prompt, params, _ = engine.engine.requests[0]
+    assert prompt == {"prompt_token_ids": [5, 9, 2]}
+    assert params.kwargs == {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False}
+
+
+async def test_prompt_logprobs_refuses_entries_that_do_not_cover_the_prompt(stand_in_vllm):
+    from agenttune.engines.vllm import scored_prompt
+
+    with pytest.raises(RuntimeError, match="prompt log-probs for 2 of the prompt's 3 tokens"):
+        scored_prompt([None, {9: Logprob(-1.0)}], [5, 9, 2])
+    with pytest.raises(RuntimeError, match="for 0 of"):
+        scored_prompt(None, [5, 9])  # a request sent without prompt_logprobs
+
+
+def test_a_vllm_teacher_sleeps_between_steps_and_scores_every_row_in_place(stand_in_vllm):
+    """The teacher's cycle (sleep level 1): asleep from the start, woken by a step's scoring, asleep
+    again after it; each row's scores land in its own columns (column t: input token t+1)."""
+    from agenttune.backbones.local.logprobs import Batch
+    from agenttune.backbones.local.teacher import EngineTeacher
+    from agenttune.engines.vllm import VLLMEngine
+
+    vllm = ScoringAsyncLLM(FakeIPC())
+    teacher = EngineTeacher(VLLMEngine(vllm, sleep_level=1), failure="f", hint="h")
+    assert vllm.calls == [("sleep", 1)]
+    rows = [[11, 12, 13, 14], [21, 22, 0, 0]]  # the second row right-padded
+    ids = torch.tensor(rows)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    batch = Batch(ids, mask, ids[:, 1:], mask[:, 1:].float(), torch.zeros(2, 3), torch.zeros(2))
+    scores = teacher.score([batch, batch])
+    expected = torch.tensor([[-0.012, -0.013, -0.014], [-0.022, 0.0, 0.0]])
+    assert all(torch.allclose(score, expected) for score in scores)
+    assert vllm.calls == [("sleep", 1), ("wake_up", None)] + ["generate"] * 4 + [("sleep", 1)]
+    teacher.score([batch])
+    assert vllm.calls[-3:] == ["generate", "generate", ("sleep", 1)] and ("wake_up", None) in vllm.calls[7:]
+    teacher.close()
+    assert not teacher._thread.is_alive()
+
+
 # -- config ---------------------------------------------------------------------------------------
 def test_engine_section_validation():
     from pydantic import ValidationError

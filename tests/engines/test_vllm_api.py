@@ -16,6 +16,12 @@ vLLM's GPU kernels cannot run here, but its Python API imports on CPU. What this
 - our SamplingParams (guides included) construct vLLM's real `SamplingParams`;
 - vLLM's real `RequestOutput` / `CompletionOutput` / `Logprob` (list and `FlatLogprobs` forms)
   translate to Generations.
+- prompt scoring (`prompt_logprobs`: a `teacher_engine: vllm` distillation teacher, `agenttune serve`'s
+  echo): our scoring SamplingParams build vLLM's real class; prompt log-probs computed by vLLM's own
+  Sampler rule from a tiny model's logits, whole or in prefill chunks, go through vLLM's real
+  OutputProcessor into `RequestOutput.prompt_logprobs` (list and `FlatLogprobs` forms) and come out
+  as each token's log-prob; the teacher built on it (sleeping between steps) gives the `hf`
+  teacher's values.
 What is not tested here: CUDA (the IPC handles themselves, sleep mode's allocator, decoding).
 """
 
@@ -266,3 +272,146 @@ def test_from_engine_args_is_called_as_vllm_defines_it(tiny_model_path):
     method = AsyncLLMEngine.from_engine_args
     assert not inspect.iscoroutinefunction(method)
     inspect.signature(method).bind(AsyncEngineArgs(model=str(tiny_model_path)))
+
+
+# -- scoring prompts: vLLM's prompt log-probs (a distillation teacher, agenttune serve's echo) -------
+def test_scoring_params_are_vllms_prompt_logprobs_request():
+    from agenttune.engines.vllm import scoring_params
+
+    params = scoring_params()
+    assert isinstance(params, vllm.SamplingParams)
+    assert (params.prompt_logprobs, params.max_tokens, params.logprobs, params.detokenize) == (0, 1, None, False)
+    assert params.skip_reading_prefix_cache  # vLLM's own rule: cached blocks would skip prompt log-probs
+
+
+def scored_request_output(model, token_ids: list[int], params, *, chunks: int = 1) -> RequestOutput:
+    """What vLLM 0.33 hands AsyncLLM's caller for a prompt scored with `params`: its engine core's prompt
+    log-probs (the model runner's rule: log_softmax of each position's logits, gathered at the next
+    prompt token by vLLM's own Sampler, in `chunks` prefill chunks) through its real OutputProcessor."""
+    import time
+
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+    from vllm.v1.sample.sampler import Sampler
+
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0, :-1]
+    scores = Sampler.compute_logprobs(logits)
+    tensors = Sampler.gather_logprobs(scores, params.prompt_logprobs, torch.tensor(token_ids[1:]))
+    processor = OutputProcessor(None, log_stats=False)
+    request = EngineCoreRequest(request_id="s", prompt_token_ids=list(token_ids), mm_features=None,
+                                sampling_params=params, pooling_params=None, arrival_time=time.time(),
+                                lora_request=None, cache_salt=None, data_parallel_rank=None)
+    request.external_req_id = "s"
+    collector = RequestOutputCollector(RequestOutputKind.CUMULATIVE, "s")
+    processor.add_request(request, None, None, 0, collector)
+    bounds = [round(i * (len(token_ids) - 1) / chunks) for i in range(chunks + 1)]
+    for start, end in zip(bounds, bounds[1:], strict=False):  # chunked prefill: several engine-core outputs
+        chunk = type(tensors)(*(part[start:end] for part in tensors[:3]))
+        processor.process_outputs([EngineCoreOutput("s", [], new_prompt_logprobs_tensors=chunk)])
+    processor.process_outputs([EngineCoreOutput("s", [7], finish_reason=FinishReason.LENGTH)])
+    output = collector.get_nowait()
+    assert output is not None and output.finished
+    return output
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_vllms_prompt_logprobs_become_each_tokens_score(tiny_model, chunks):
+    from agenttune.engines.vllm import scored_prompt, scoring_params
+
+    ids = [3, 17, 42, 8, 99, 5]
+    output = scored_request_output(tiny_model, ids, scoring_params(), chunks=chunks)
+    assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(ids)
+    assert set(output.prompt_logprobs[1]) == {17} and isinstance(output.prompt_logprobs[1][17], Logprob)
+    with torch.no_grad():
+        expected = torch.log_softmax(tiny_model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+    by_hand = [float(expected[i, token]) for i, token in enumerate(ids[1:])]
+    assert scored_prompt(output.prompt_logprobs, ids) == pytest.approx(by_hand, abs=1e-5)
+
+
+def test_flat_prompt_logprobs_read_as_the_list_form(tiny_model):
+    """vLLM's FlatLogprobs (`flat_logprobs=True`): its first position is empty ({}), not None."""
+    from agenttune.engines.vllm import scored_prompt
+
+    ids = [3, 17, 42, 8]
+    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                 flat_logprobs=True)
+    flat = scored_request_output(tiny_model, ids, params)
+    listed = scored_request_output(tiny_model, ids, vllm.SamplingParams(max_tokens=1, temperature=0.0,
+                                                                        prompt_logprobs=0, detokenize=False))
+    assert type(flat.prompt_logprobs).__name__ == "FlatLogprobs"
+    assert scored_prompt(flat.prompt_logprobs, ids) == scored_prompt(listed.prompt_logprobs, ids)
+
+
+class ScoringAsyncLLM(CheckedAsyncLLM):
+    """`generate` checked against AsyncLLM's signature, answering with vLLM's real outputs for the
+    prompt and the SamplingParams it was sent, scored by `model`."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def generate(self, *args, **kwargs):
+        self._check("generate", args, kwargs, awaited=False)
+        bound = self.arguments["generate"].arguments
+        output = scored_request_output(self.model, bound["prompt"]["prompt_token_ids"], bound["sampling_params"])
+
+        async def outputs():
+            yield output
+
+        return outputs()
+
+
+def test_a_vllm_teacher_scores_as_the_hf_teacher_at_temperature_one(tiny_model):
+    """The whole `teacher_engine: vllm` path on vLLM's real calls and outputs (sleep level 1 between
+    steps): the same per-token log-probs as the `hf` teacher reading the same model."""
+    from agenttune.backbones.local.batching import build_items
+    from agenttune.backbones.local.logprobs import collate
+    from agenttune.backbones.local.teacher import EngineTeacher, LocalTeacher
+    from agenttune.episode import Episode, Sample
+    from agenttune.task import Task
+
+    episodes = [Episode(episode_id=f"e{n}", task=Task(task_id="t"), group_id="g", reward=0.0,
+                        samples=[Sample(prompt_ids=list(range(10, 13 + n)), response_ids=list(range(40, 44 + 2 * n)),
+                                        loss_mask=[1] * (4 + 2 * n), logprobs=[-1.0] * (4 + 2 * n))])
+                for n in range(3)]
+    items, _ = build_items(episodes, {e.episode_id: 0.0 for e in episodes}, max_prompt_length=64,
+                           max_response_length=64)
+    batches = [collate(items[:2], 0, "cpu"), collate(items[2:], 0, "cpu")]
+    recorder = ScoringAsyncLLM(tiny_model)
+    teacher = EngineTeacher(VLLMEngine(recorder, sleep_level=1), failure="f", hint="h")
+    try:
+        scores = teacher.score(batches)
+    finally:
+        teacher.close()
+    expected = LocalTeacher(tiny_model.eval(), temperature=1.0).score(batches)
+    for score, hf, batch in zip(scores, expected, batches, strict=True):
+        assert torch.allclose(score * batch.mask, hf * batch.mask, atol=1e-5)
+    assert recorder.calls == ["sleep", "wake_up"] + ["generate"] * 3 + ["sleep", "shutdown"]
+    assert recorder.arguments["sleep"].arguments["level"] == 1
+
+
+def test_the_teachers_engine_is_built_with_vllms_own_arguments(tiny_model_path, monkeypatch):
+    """`VLLMEngine.scorer`: vLLM's real AsyncEngineArgs for the teacher (its model, the run's context plus
+    the one token vLLM generates, sleep mode for level 1), handed to `from_engine_args` as vLLM defines it."""
+    from agenttune.config import AgentTuneConfig
+
+    built = []
+
+    def from_engine_args(*args, **kwargs):
+        inspect.signature(AsyncLLMEngine.from_engine_args).bind(*args, **kwargs)
+        built.append(args[0])
+        return CheckedAsyncLLM()
+
+    monkeypatch.setattr(AsyncLLMEngine, "from_engine_args", from_engine_args)
+    config = AgentTuneConfig.model_validate({"model": {"path": "tiny://distil-student", "max_model_len": 2048}})
+    engine = VLLMEngine.scorer(config, VLLMOptions(sleep_level=1, gpu_memory_utilization=0.3), str(tiny_model_path))
+    (arguments,) = built
+    assert isinstance(arguments, AsyncEngineArgs)
+    assert arguments.model == arguments.tokenizer == str(tiny_model_path)
+    assert (arguments.max_model_len, arguments.enable_sleep_mode, arguments.gpu_memory_utilization) == (2049, True, 0.3)
+    assert arguments.weight_transfer_config is None  # a teacher is never sent weights
+    assert engine.sleep_level == 1 and VLLMEngine.scores_prompts
+    VLLMEngine.scorer(config, VLLMOptions(sleep_level=0), str(tiny_model_path))
+    assert built[-1].enable_sleep_mode is False

@@ -11,6 +11,12 @@ temperature scaling (and grammar masks), which is what the trainer recomputes at
 temperature. (vLLM's default, `raw_logprobs`, is the untempered distribution.) With top-k/top-p
 set, vLLM's processed logprobs are of the truncated, renormalised distribution it sampled from.
 
+`prompt_logprobs` scores given token ids with vLLM's own prompt log-probs (`SamplingParams(
+prompt_logprobs=0)`: each prompt token's log-prob under the model at temperature 1; prompt tokens
+skip the sampler's processors in every `logprobs_mode`): what an on-policy distillation teacher
+(`teacher_engine: vllm`, `VLLMEngine.scorer`) and `agenttune serve --engine vllm`'s /v1/completions
+with `echo` or `prompt_logprobs` need.
+
 Colocated with the local backbone (as TRL's `vllm_mode="colocate"`): vLLM's engine core runs in
 a child process on the trainer's GPU. Synchronous training (`trainer.mode: sync`), each step:
 
@@ -86,6 +92,7 @@ class VLLMOptions(BaseModel):
 
 class VLLMEngine(InferenceEngine):
     enforces_guides: ClassVar[bool] = True
+    scores_prompts: ClassVar[bool] = True  # vLLM's prompt_logprobs
     updates_weights: ClassVar[bool] = True  # pause (keep requests), load, preempt running requests, resume
     copies_weights: ClassVar[bool] = True  # vLLM's own copy, in its process: the trained model is only read
     name: ClassVar[str] = "vllm"
@@ -105,9 +112,7 @@ class VLLMEngine(InferenceEngine):
 
     @classmethod
     def from_config(cls, config: Any, options: VLLMOptions, tokenizer: Any, *, model: Any = None) -> VLLMEngine:
-        if importlib.util.find_spec("vllm") is None:
-            raise UserError("engine.type is 'vllm' but vLLM is not installed.",
-                            hint="pip install 'agenttune[vllm]' on a machine with a CUDA GPU, or use engine.type: hf.")
+        require_vllm("engine.type", "engine.type: hf")
         colocated = model is not None
         if colocated:
             _check_colocatable(options, model)
@@ -119,6 +124,29 @@ class VLLMEngine(InferenceEngine):
         arguments = AsyncEngineArgs(**engine_arguments(config, options, colocated=colocated))
         return cls(AsyncLLMEngine.from_engine_args(arguments), sleep_level=_sleep_level(config, options, colocated),
                    model=model)
+
+    @classmethod
+    def scorer(cls, config: Any, options: VLLMOptions, model_path: str) -> VLLMEngine:
+        """An engine of its own that only scores prompts (`prompt_logprobs`) with `model_path`: an
+        on-policy distillation teacher. It reads the run's dtype and context, one token longer (vLLM
+        refuses a prompt that leaves no room for the token every request generates, and the student's
+        longest sequences fill model.max_model_len). `options.sleep_level` 1 sleeps it between uses
+        (`release_memory`: KV cache freed, weights kept in CPU memory); 2 would discard weights that
+        no update brings back, so it is refused.
+        """
+        require_vllm("algorithm.policy_loss_options.teacher_engine", "teacher_engine: hf")
+        if options.sleep_level == 2:
+            raise UserError("The vLLM distillation teacher's sleep_level is 2, which discards its weights while it "
+                            "sleeps, and a teacher is never sent new ones.",
+                            hint="Set policy_loss_options.teacher_engine_options.sleep_level to 1 (weights kept in "
+                                 "CPU memory between steps) or 0 (the teacher stays on the GPU).")
+        model = config.model.model_copy(update={"path": model_path, "tokenizer": None,
+                                                "max_model_len": config.model.max_model_len + 1})
+        arguments = engine_arguments(config.model_copy(update={"model": model}), options, colocated=False)
+        arguments["enable_sleep_mode"] = options.sleep_level > 0
+        from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+        return cls(AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**arguments)), sleep_level=options.sleep_level)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -163,6 +191,19 @@ class VLLMEngine(InferenceEngine):
         if generation.versions is None:
             generation.versions = versions[:len(generation.token_ids)]
         yield generation
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_ids[i] | token_ids[:i]) for i >= 1, from vLLM's prompt log-probs (temperature 1)."""
+        if len(token_ids) < 2:
+            return []
+        await self._ready()
+        final = None
+        async for output in self.engine.generate({"prompt_token_ids": list(token_ids)}, scoring_params(),
+                                                 uuid.uuid4().hex):
+            final = output
+        if final is None:
+            raise RuntimeError("vLLM returned no output for a prompt to score")
+        return scored_prompt(final.prompt_logprobs, token_ids)
 
     # -- colocated with a trainer ------------------------------------------------------------------
     async def release_memory(self) -> None:
@@ -252,6 +293,12 @@ class VLLMEngine(InferenceEngine):
         shutdown = getattr(self.engine, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def require_vllm(key: str, alternative: str) -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(f"{key} is 'vllm' but vLLM is not installed.",
+                        hint=f"pip install 'agenttune[vllm]' on a machine with a CUDA GPU, or use {alternative}.")
 
 
 def engine_arguments(config: Any, options: VLLMOptions, *, colocated: bool) -> dict[str, Any]:
@@ -346,6 +393,26 @@ def vllm_sampling(sampling: SamplingParams) -> Any:
         seed=sampling.seed,
         logprobs=0,  # the sampled token's logprob only
     )
+
+
+def scoring_params() -> Any:
+    """vLLM's SamplingParams for scoring a prompt: its own tokens' log-probs (`prompt_logprobs=0`: the
+    actual token only, no alternatives), one token generated (vLLM's least; greedy, not read)."""
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    return VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+
+
+def scored_prompt(prompt_logprobs: Any, token_ids: list[int]) -> list[float]:
+    """vLLM's `RequestOutput.prompt_logprobs` -> each token's log-prob after the first.
+
+    vLLM gives one entry per prompt token, the first empty (None in the list form, {} in
+    `FlatLogprobs`), then {token id: Logprob} holding at least the actual token.
+    """
+    entries = list(prompt_logprobs or ())
+    if len(entries) != len(token_ids):
+        raise RuntimeError(f"vLLM returned prompt log-probs for {len(entries)} of the prompt's {len(token_ids)} tokens")
+    return [float(entry[token].logprob) for token, entry in zip(token_ids[1:], entries[1:], strict=True)]
 
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}  # else: aborted

@@ -46,7 +46,7 @@ class PolicyLoss(Component):
     of `algorithm.policy_loss_options`. `loss_agg_mode`, when set, is the aggregation the loss is
     defined with (GSPO's sequence mean) and overrides `algorithm.loss_agg_mode`. A loss that sets
     `needs_teacher` has the options backbones/local/teacher.py reads (`teacher`, `teacher_engine`,
-    `teacher_base_url`, `teacher_api_key`) and gets the teacher's log-probs."""
+    `teacher_engine_options`, `teacher_base_url`, `teacher_api_key`) and gets the teacher's log-probs."""
 
     loss_agg_mode: ClassVar[LossAggregation | None] = None
     # True: the trainer scores every batch with the teacher model named by the options' `teacher`

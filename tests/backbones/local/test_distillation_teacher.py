@@ -165,11 +165,134 @@ def test_a_server_without_prompt_logprobs_is_a_clear_error():
 
 def test_an_unreachable_teacher_server_is_a_clear_error():
     from agenttune.backbones.local.logprobs import collate
-    from agenttune.backbones.local.teacher import ServedTeacher
 
     items_batch = collate(_items(), 0, "cpu")
-    with pytest.raises(UserError, match=r"teacher server at http://127\.0\.0\.1:9/v1 could not score"):
-        ServedTeacher("http://127.0.0.1:9/v1", "EMPTY", "t").logprobs(items_batch)
+    teacher = served_teacher("http://127.0.0.1:9/v1")
+    try:
+        with pytest.raises(UserError, match=r"teacher server at http://127\.0\.0\.1:9/v1 could not score"):
+            teacher.score([items_batch])
+    finally:
+        teacher.close()
+
+
+def served_teacher(base_url: str):
+    from agenttune.backbones.local.teacher import load_teacher
+    from agenttune.losses.distillation import DistillationOptions
+
+    options = DistillationOptions(teacher="t", teacher_engine="openai", teacher_base_url=base_url)
+    return load_teacher(options, _config(), None)  # type: ignore[arg-type]  # a server needs no student model
+
+
+@pytest.mark.slow
+def test_a_served_teacher_keeps_one_client_for_the_run_and_closes_it(teacher_server):
+    """Every step's scoring goes through the same engine and HTTP client, on the teacher's own event loop
+    (an httpx client belongs to the loop that first used it); the trainer's close ends both."""
+    from agenttune.backbones.local.logprobs import collate
+
+    trainer, _, _ = distillation_trainer({"teacher": "tiny-default", "teacher_engine": "openai",
+                                          "teacher_base_url": teacher_server})
+    teacher = trainer.teacher
+    engine, client = teacher.engine, teacher.engine._client
+    batch = collate(_items(), 0, "cpu")
+    first = teacher.score([batch])[0]
+    trainer.step(episodes(seed=5))
+    assert teacher.score([batch])[0].tolist() == first.tolist()  # the same scores through the same client
+    assert teacher.engine is engine and engine._client is client and not client.is_closed
+    assert teacher._thread.is_alive()
+    trainer.close()
+    assert client.is_closed and not teacher._thread.is_alive()
+    trainer.close()  # the end of a run that already closed it: nothing left to do
+
+
+def test_teacher_engine_options_and_the_server_url_belong_to_their_engines():
+    from pydantic import ValidationError
+
+    from agenttune.losses.distillation import DistillationOptions
+
+    assert DistillationOptions(teacher="t", teacher_engine="vllm",
+                               teacher_engine_options={"gpu_memory_utilization": 0.3}).teacher_engine == "vllm"
+    for bad, message in [
+        ({"teacher_engine": "vllm", "teacher_base_url": "http://x/v1"}, "teacher_base_url is needed with "
+                                                                        "teacher_engine: openai .* and only then"),
+        ({"teacher_engine": "hf", "teacher_engine_options": {"sleep_level": 0}}, "teacher_engine_options sets up a "
+                                                                                 "vLLM teacher"),
+        ({"teacher_engine": "openai", "teacher_base_url": "http://x/v1", "teacher_engine_options": {"a": 1}},
+         "remove it for teacher_engine: openai"),
+        ({"teacher_engine": "sglang"}, "teacher_engine"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            DistillationOptions(teacher="t", **bad)
+
+
+def test_a_vllm_teacher_without_vllm_installed_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    from agenttune.backbones.local.policy import load_policy
+    from agenttune.backbones.local.teacher import load_teacher
+    from agenttune.losses.distillation import DistillationOptions
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(
+        name, *a))
+    config = _config()
+    options = DistillationOptions(teacher=str(tiny_model_path()), teacher_engine="vllm")
+    with pytest.raises(UserError, match="teacher_engine is 'vllm' but vLLM is not installed") as error:
+        load_teacher(options, config, load_policy(config, torch.device("cpu")))
+    assert "pip install 'agenttune[vllm]'" in error.value.hint and "teacher_engine: hf" in error.value.hint
+
+
+def test_a_vllm_teacher_is_checked_before_vllm_starts(monkeypatch, tmp_path):
+    """Bad engine options and a teacher of another vocabulary are refused from config files alone."""
+    import importlib.util
+    import shutil
+
+    from agenttune.backbones.local.policy import load_policy
+    from agenttune.backbones.local.teacher import load_teacher
+    from agenttune.engines import vllm as vllm_engine
+    from agenttune.losses.distillation import DistillationOptions
+
+    started = []
+    monkeypatch.setattr(vllm_engine.VLLMEngine, "scorer", classmethod(lambda cls, *a: started.append(a)))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(
+        name, *a))
+    config = _config()
+    student = load_policy(config, torch.device("cpu"))
+    for bad, message in [({"sleep_level": 3}, "teacher_engine_options is not valid for a vLLM teacher"),
+                         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+                         ({"tensor_parallel": 2}, "tensor_parallel")]:
+        with pytest.raises(UserError, match=message):
+            load_teacher(DistillationOptions(teacher=str(tiny_model_path()), teacher_engine="vllm",
+                                             teacher_engine_options=bad), config, student)
+    other = tmp_path / "other-vocabulary"
+    shutil.copytree(tiny_model_path(), other)
+    import json
+
+    settings = json.loads((other / "config.json").read_text())
+    settings["vocab_size"] += 64
+    (other / "config.json").write_text(json.dumps(settings))
+    with pytest.raises(UserError, match=r"has a vocabulary of \d+ tokens, the student .* one of \d+"):
+        load_teacher(DistillationOptions(teacher=str(other), teacher_engine="vllm"), config, student)
+    assert started == []
+
+
+def test_the_vllm_scorer_refuses_a_sleep_level_that_discards_the_teachers_weights(monkeypatch):
+    import importlib.util
+
+    from agenttune.engines.vllm import VLLMEngine, VLLMOptions
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(
+        name, *a))
+    with pytest.raises(UserError, match="sleep_level is 2, which discards its weights") as error:
+        VLLMEngine.scorer(_config(), VLLMOptions(sleep_level=2), str(tiny_model_path()))
+    assert "teacher_engine_options.sleep_level" in error.value.hint
+
+
+def _config():
+    from agenttune.config_loader import load_config
+
+    return load_config({"model": {"path": STUDENT}})
 
 
 def test_an_openai_teacher_needs_its_server_url():
@@ -188,3 +311,22 @@ def _items():
     made = episodes()
     items, _ = build_items(made, {e.episode_id: 0.0 for e in made}, max_prompt_length=64, max_response_length=64)
     return items
+
+
+def test_training_closes_the_teacher_however_it_ends(monkeypatch):
+    """`train` closes the trainer (and so a teacher's engine) after the loop, also when the loop fails."""
+    import types
+
+    from agenttune.backbones.local import loop
+
+    closed = []
+    trainer = types.SimpleNamespace(close=lambda: closed.append(True))
+    monkeypatch.setattr(loop, "prepare", lambda run: types.SimpleNamespace(trainer=trainer))
+
+    async def failing(run, setup):
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(loop, "training_loop", failing)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        loop.train(None)  # type: ignore[arg-type]
+    assert closed == [True]

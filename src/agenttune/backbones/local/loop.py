@@ -66,7 +66,10 @@ def train(run: Run) -> None:
     from agenttune.rollout.session import run_until_done
 
     setup = prepare(run)
-    run_until_done(training_loop(run, setup))
+    try:
+        run_until_done(training_loop(run, setup))
+    finally:
+        setup.trainer.close()  # a distillation teacher's engine
 
 
 # -- setup ------------------------------------------------------------------------------------------

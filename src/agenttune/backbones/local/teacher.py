@@ -1,33 +1,46 @@
-"""The on-policy distillation teacher: its log-prob of every token of a micro-batch.
+"""The on-policy distillation teacher: its log-prob of every token of a step's micro-batches.
 
 `teacher_engine: hf` loads the teacher beside the student and scores the same packed batches at the
-same temperature. `teacher_engine: openai` asks an OpenAI-compatible server that returns prompt
-log-probs (`vllm serve TEACHER`, `agenttune serve --model TEACHER`) to score each row's token ids,
-prompt and response, as one prompt (engines/openai.py's `prompt_logprobs`); a server scores at
-temperature 1, its own distribution.
+same temperature. The other two score each row's token ids, prompt and response, as one prompt
+with an engine's `prompt_logprobs`, at temperature 1 (the teacher's own distribution):
+`teacher_engine: vllm` with an in-process vLLM engine of its own (engines/vllm.py's `scorer`, asleep
+between steps at sleep_level 1), `teacher_engine: openai` with an OpenAI-compatible server that
+returns prompt log-probs (`vllm serve TEACHER`, `agenttune serve --model TEACHER`).
+
+Such an engine lives for the whole run on an event loop of its own thread: the trainer's step is
+synchronous (and runs on the rollout's loop, or in a worker thread in asynchronous modes), and an
+HTTP client or a vLLM engine belongs to the loop that first used it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+import threading
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from agenttune.backbones.local.logprobs import Batch, token_logprobs
 from agenttune.config import AgentTuneConfig
+from agenttune.engines.base import InferenceEngine
 from agenttune.errors import UserError
 from agenttune.run import get_logger
 
 log = get_logger("local")
 
-SERVER_CONCURRENCY = 16  # rows scored at once by a teacher server
+SERVER_CONCURRENCY = 16  # rows scored at once by a teacher server (vLLM in-process takes them all: it batches)
+Result = TypeVar("Result")
 
 
 class Teacher(Protocol):
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """[rows, T-1], aligned with `batch.targets`: column t is the teacher's log-prob of input token t+1."""
+    def score(self, batches: list[Batch]) -> list[torch.Tensor]:
+        """Per batch [rows, T-1], aligned with `batch.targets`: column t is the teacher's log-prob of input
+        token t+1."""
+        ...
+
+    def close(self) -> None:
+        """Release the teacher's engine (the end of the run)."""
         ...
 
 
@@ -36,58 +49,122 @@ class LocalTeacher:
         self.model, self.temperature = model, temperature
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return token_logprobs(self.model, batch, temperature=self.temperature)[0]
+    def score(self, batches: list[Batch]) -> list[torch.Tensor]:
+        return [token_logprobs(self.model, batch, temperature=self.temperature)[0] for batch in batches]
+
+    def close(self) -> None:
+        """The model goes with the trainer."""
 
 
-class ServedTeacher:
-    def __init__(self, base_url: str, api_key: str, model: str):
-        from agenttune.engines.openai import OpenAIEngineOptions
+class EngineTeacher:
+    """A teacher engine that scores prompts (`scores_prompts`), driven from the trainer's thread.
 
-        self.options = OpenAIEngineOptions(base_url=base_url, api_key=api_key, model=model)
+    `failure` says what to check when scoring fails; `concurrency` bounds the rows in flight (None:
+    all of a step's rows at once). After each step's scoring the engine releases its memory (a
+    vLLM teacher sleeps through the update and the rollouts; a server's engine holds none).
+    """
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        rows = [ids[mask.bool()].tolist() for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True)]
-        with ThreadPoolExecutor(1) as thread:  # its own event loop: the trainer may run on the rollout's
-            scores = thread.submit(asyncio.run, self._score(rows)).result()
-        result = torch.zeros(batch.targets.shape, dtype=torch.float32)
-        for row, values in enumerate(scores):
-            result[row, :len(values)] = torch.tensor(values, dtype=torch.float32)
-        return result.to(batch.targets.device)
+    def __init__(self, engine: InferenceEngine, *, failure: str, hint: str, concurrency: int | None = None):
+        self.engine, self.failure, self.hint = engine, failure, hint
+        self.concurrency = concurrency
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="distillation-teacher", daemon=True)
+        self._thread.start()
+        self._run(engine.release_memory())  # room on the GPU for the student's engine, which starts next
+
+    def score(self, batches: list[Batch]) -> list[torch.Tensor]:
+        rows = [[ids[mask.bool()].tolist() for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True)]
+                for batch in batches]
+        scores = self._run(self._score([row for batch in rows for row in batch]))
+        results, start = [], 0
+        for batch, batch_rows in zip(batches, rows, strict=True):
+            result = torch.zeros(batch.targets.shape, dtype=torch.float32)
+            for row, values in enumerate(scores[start:start + len(batch_rows)]):
+                result[row, :len(values)] = torch.tensor(values, dtype=torch.float32)
+            results.append(result.to(batch.targets.device))
+            start += len(batch_rows)
+        return results
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.engine.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def _run(self, coroutine: Coroutine[Any, Any, Result]) -> Result:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     async def _score(self, rows: list[list[int]]) -> list[list[float]]:
-        from agenttune.engines.openai import OpenAIEngine
-
-        engine = OpenAIEngine(self.options, self.options.model or "")
-        limit = asyncio.Semaphore(SERVER_CONCURRENCY)
+        limit = asyncio.Semaphore(self.concurrency or max(len(rows), 1))
 
         async def score(ids: list[int]) -> list[float]:
             async with limit:
-                return await engine.prompt_logprobs(ids)
+                return await self.engine.prompt_logprobs(ids)
 
         try:
             return list(await asyncio.gather(*(score(ids) for ids in rows)))
         except UserError:
             raise
-        except Exception as error:  # unreachable, refused, a 4xx for a field it does not know
-            raise UserError(f"The distillation teacher server at {self.options.base_url} could not score the "
-                            f"student's tokens: {type(error).__name__}: {error}",
-                            hint="Check that it runs (`vllm serve TEACHER` or `agenttune serve --model TEACHER`), "
-                                 "that algorithm.policy_loss_options.teacher is its model name, and that it "
-                                 "answers /v1/completions with `prompt_logprobs` or `echo`.") from error
+        except Exception as error:  # unreachable, refused, a 4xx for a field it does not know, vLLM refusing
+            raise UserError(f"{self.failure}: {type(error).__name__}: {error}", hint=self.hint) from error
         finally:
-            await engine.aclose()
+            await self.engine.release_memory()
 
 
 def load_teacher(options: Any, config: AgentTuneConfig, student: torch.nn.Module) -> Teacher:
     """The teacher the distillation loss's options name; an `hf` one frozen on the student's device."""
-    if options.teacher_engine == "openai":
-        if config.rollout.temperature != 1.0:
-            log.warning("a teacher server scores at temperature 1 while the student samples at "
-                        f"rollout.temperature {config.rollout.temperature}: the reverse KL compares the two")
-        log.info("distillation teacher server", base_url=options.teacher_base_url, teacher=options.teacher)
-        return ServedTeacher(options.teacher_base_url, options.teacher_api_key, options.teacher)
-    return LocalTeacher(_local_model(options.teacher, config, student), config.rollout.temperature)
+    if options.teacher_engine == "hf":
+        return LocalTeacher(_local_model(options.teacher, config, student), config.rollout.temperature)
+    if config.rollout.temperature != 1.0:
+        log.warning(f"a {options.teacher_engine} teacher scores at temperature 1 while the student samples at "
+                    f"rollout.temperature {config.rollout.temperature}: the reverse KL compares the two")
+    if options.teacher_engine == "vllm":
+        return _vllm_teacher(options, config, student)
+    from agenttune.engines.openai import OpenAIEngine, OpenAIEngineOptions
+
+    served = OpenAIEngineOptions(base_url=options.teacher_base_url, api_key=options.teacher_api_key,
+                                 model=options.teacher)
+    log.info("distillation teacher server", base_url=options.teacher_base_url, teacher=options.teacher)
+    return EngineTeacher(
+        OpenAIEngine(served, options.teacher), concurrency=SERVER_CONCURRENCY,
+        failure=f"The distillation teacher server at {options.teacher_base_url} could not score the student's tokens",
+        hint="Check that it runs (`vllm serve TEACHER` or `agenttune serve --model TEACHER`), that "
+             "algorithm.policy_loss_options.teacher is its model name, and that it answers /v1/completions with "
+             "`prompt_logprobs` or `echo`.")
+
+
+def _vllm_teacher(options: Any, config: AgentTuneConfig, student: torch.nn.Module) -> Teacher:
+    """The teacher in a vLLM engine of its own (`teacher_engine_options`: the `vllm` engine's options)."""
+    from pydantic import ValidationError
+
+    from agenttune.engines.vllm import VLLMEngine, VLLMOptions
+    from agenttune.model_loading import resolve_model_path
+
+    try:  # sleep_level 1 unless set: weights kept in CPU memory between steps (2 would discard them)
+        engine_options = VLLMOptions.model_validate({"sleep_level": 1, **options.teacher_engine_options})
+    except ValidationError as error:
+        raise UserError(f"algorithm.policy_loss_options.teacher_engine_options is not valid for a vLLM teacher: "
+                        f"{error}", hint="It takes the `vllm` engine's options (docs/config.md, engine: vllm).") from error
+    path = resolve_model_path(options.teacher, key="algorithm.policy_loss_options.teacher")
+    _check_vocabulary(options.teacher, _config_vocabulary(path, config), config, student)
+    log.info("distillation teacher (vLLM) starting", teacher=options.teacher, **engine_options.model_dump())
+    return EngineTeacher(VLLMEngine.scorer(config, engine_options, path),
+                         failure=f"The vLLM distillation teacher {options.teacher!r} could not score the student's "
+                                 "tokens",
+                         hint="Check the teacher's vLLM log above; teacher_engine_options.gpu_memory_utilization "
+                              "must leave the student and its trainer room on the GPU.")
+
+
+def _config_vocabulary(path: str, config: AgentTuneConfig) -> int:
+    """The teacher's vocabulary size from its config.json alone (no weights are read)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+               .get_text_config().vocab_size)
 
 
 def _local_model(path: str, config: AgentTuneConfig, student: torch.nn.Module) -> torch.nn.Module:
@@ -96,11 +173,19 @@ def _local_model(path: str, config: AgentTuneConfig, student: torch.nn.Module) -
     from agenttune.model_loading import resolve_model_path
 
     teacher = load_pretrained(resolve_model_path(path), config, next(student.parameters()).device)
-    sizes = [model.get_input_embeddings().num_embeddings for model in (teacher, student)]  # type: ignore[operator]
-    if sizes[0] != sizes[1]:
-        raise UserError(f"The distillation teacher {path!r} has a vocabulary of {sizes[0]} tokens, the student "
-                        f"({config.model.path!r}) one of {sizes[1]}: the teacher must score the student's token ids.",
-                        hint="Distil from a teacher of the same model family (the same tokenizer).")
+    _check_vocabulary(path, _vocabulary(teacher), config, student)
     log.info("distillation teacher loaded", teacher=path)
     teacher.requires_grad_(False)
     return teacher.eval()
+
+
+def _vocabulary(model: torch.nn.Module) -> int:
+    return int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
+
+
+def _check_vocabulary(path: str, size: int, config: AgentTuneConfig, student: torch.nn.Module) -> None:
+    own = _vocabulary(student)
+    if size != own:
+        raise UserError(f"The distillation teacher {path!r} has a vocabulary of {size} tokens, the student "
+                        f"({config.model.path!r}) one of {own}: the teacher must score the student's token ids.",
+                        hint="Distil from a teacher of the same model family (the same tokenizer).")

@@ -156,7 +156,7 @@ class GRPOTrainer:
             if correction.rollout_is_batch_normalize:
                 totals["is_batch_norm_factor"] = normalize(corrections, correction.rollout_is)
         reference = [self._reference_logprobs(batch) for batch in batches] if algorithm.kl_coef > 0 else None
-        teacher = [self.teacher.logprobs(batch) for batch in batches] if self.teacher is not None else None
+        teacher = self.teacher.score(batches) if self.teacher is not None else None
         for _ in range(local.ppo_epochs):
             for indices in _split(len(batches), local.mini_batches):
                 stats = self._optimizer_update(
@@ -291,6 +291,11 @@ class GRPOTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def close(self) -> None:
+        """The end of the run: a distillation teacher's engine (a vLLM engine, a server's client) goes."""
+        if self.teacher is not None:
+            self.teacher.close()
 
 
 def _split(count: int, parts: int) -> Iterator[list[int]]:
