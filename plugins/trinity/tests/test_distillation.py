@@ -56,6 +56,12 @@ def test_distillation_becomes_trinitys_on_policy_distill(distill_config, tmp_pat
         rollout, 1, trainer)
 
 
+def test_a_vllm_teacher_is_the_same_auxiliary_model_as_an_hf_one(distill_config, tmp_path: Path):
+    """teacher_engine hf and vllm both name a directory: Trinity serves either as its auxiliary vLLM model."""
+    hf, vllm = (loaded(distill_config(teacher_engine=engine), tmp_path / engine) for engine in ("hf", "vllm"))
+    assert vllm.explorer.auxiliary_models == hf.explorer.auxiliary_models and vllm.algorithm == hf.algorithm
+
+
 def test_other_losses_keep_their_clip_range_and_no_teacher(make_config, tmp_path: Path):
     cfg = loaded(make_config(algorithm={"policy_loss": "ppo_clip", "clip_ratio_high": 0.28}), tmp_path)
     assert cfg.explorer.auxiliary_models == [] and cfg.algorithm.algorithm_type == "multi_step_grpo"
@@ -65,6 +71,8 @@ def test_other_losses_keep_their_clip_range_and_no_teacher(make_config, tmp_path
 @pytest.mark.parametrize(("gpus", "options", "algorithm", "message"), [
     (4, {"teacher_engine": "openai", "teacher_base_url": "http://127.0.0.1:8000/v1"}, {},
      "teacher_engine='openai' has no equivalent in Trinity-RFT 0.6.0"),
+    (4, {"teacher_engine": "vllm", "teacher_engine_options": {"gpu_memory_utilization": 0.3}}, {},
+     "teacher_engine_options set up agenttune's own vLLM teacher; Trinity-RFT 0.6.0 serves the teacher"),
     (4, {"reward_weight": 0.5}, {}, "reward_weight=0.5 has no equivalent in Trinity-RFT 0.6.0"),
     (4, {}, {"kl_coef": 0.05}, "kl_coef=0.05 with policy_loss distillation has no equivalent"),
     (1, {}, {}, "needs at least 3 GPUs"),

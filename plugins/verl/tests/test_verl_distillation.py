@@ -53,6 +53,14 @@ def test_generated_distillation_section_passes_verls_own_config_classes(tiny_mod
     assert verl_config.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
 
 
+def test_a_vllm_teacher_is_served_by_verl_as_an_hf_one_is(tiny_model_path):
+    """teacher_engine hf and vllm both name a directory loaded beside the student; verl serves either."""
+    sections = [build_verl_config(distillation_config(str(tiny_model_path), teacher_engine=engine), PATHS).distillation
+                for engine in ("hf", "vllm")]
+    assert sections[0] == sections[1]
+    assert config_problems(distillation_config(str(tiny_model_path), teacher_engine="vllm")) == []
+
+
 def test_other_losses_leave_verls_distillation_defaults(tiny_model_path):
     config = load_config({"model": {"path": str(tiny_model_path)}, "trainer": {"n_gpus_per_node": 2}},
                          backbone="verl")
@@ -152,6 +160,8 @@ def test_other_reward_weights_differ_by_a_factor_on_the_whole_loss(tiny_model_pa
 @pytest.mark.parametrize(("options", "sections", "words"), [
     ({"teacher_engine": "openai", "teacher_base_url": "http://127.0.0.1:8000/v1"}, {},
      "teacher_engine='openai' has no equivalent in verl 0.9.1: verl serves the distillation teacher itself"),
+    ({"teacher_engine": "vllm", "teacher_engine_options": {"gpu_memory_utilization": 0.3}}, {},
+     "teacher_engine_options set up agenttune's own vLLM teacher; verl 0.9.1 serves the teacher itself"),
     ({"reward_weight": 0.3}, {}, "reward_weight=0.3 has no equivalent"),
     ({}, {"algorithm": {"kl_coef": 0.01}}, "kl_coef=0.01 with pure distillation"),
     ({}, {"algorithm": {"rollout_correction": {"bypass_mode": True, "rollout_is": "token"}}},

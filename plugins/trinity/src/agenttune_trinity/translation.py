@@ -273,12 +273,19 @@ def check_distillation(config: AgentTuneConfig) -> None:
     """Refuse, in one paragraph, what of agenttune's distillation Trinity-RFT 0.6.0 cannot run as the same rule."""
     options = distillation_options(config)
     local = "or train this objective with --backbone local"
-    if options.teacher_engine != "hf":
+    # hf and vllm both name a teacher directory: Trinity serves it as an auxiliary vLLM model.
+    if options.teacher_engine == "openai":
         raise UserError(
             f"algorithm.policy_loss_options.teacher_engine={options.teacher_engine!r} has no equivalent in "
             "Trinity-RFT 0.6.0: its distillation teacher is an auxiliary model it serves itself, and its external "
             "(OpenAI API) engine cannot return the prompt log-probs the teacher must give.",
             hint=f"Set policy_loss_options.teacher to the teacher's model directory (teacher_engine: hf), {local}.")
+    if options.teacher_engine_options:
+        raise UserError(
+            "algorithm.policy_loss_options.teacher_engine_options set up agenttune's own vLLM teacher; Trinity-RFT "
+            "0.6.0 serves the teacher as an auxiliary model of its own and would not read them.",
+            hint="Drop teacher_engine_options (Trinity gives the teacher one GPU), or train this objective with "
+                 "--backbone local.")
     if str(options.teacher).startswith("tiny://"):
         raise UserError(
             f"algorithm.policy_loss_options.teacher={options.teacher!r}: Trinity's vLLM teacher loads real model "

@@ -97,13 +97,20 @@ def distillation_problems(config: AgentTuneConfig) -> list[UserError]:
     options = _distillation_options(config)
     local = "or train this objective with --backbone local"
     problems = []
-    if options.teacher_engine != "hf":
+    # hf and vllm both name a teacher directory loaded beside the student: verl serves it with its own vLLM.
+    if options.teacher_engine == "openai":
         problems.append(UserError(
             f"algorithm.policy_loss_options.teacher_engine={options.teacher_engine!r} has no equivalent in "
             "verl 0.9.1: verl serves the distillation teacher itself, on its own GPUs "
             "(distillation.teacher_models.teacher_model.model_path), and cannot score with a server agenttune "
             "points it to.",
             hint=f"Set policy_loss_options.teacher to the teacher's model directory (teacher_engine: hf), {local}."))
+    elif options.teacher_engine_options:
+        problems.append(UserError(
+            "algorithm.policy_loss_options.teacher_engine_options set up agenttune's own vLLM teacher; verl 0.9.1 "
+            "serves the teacher itself and would not read them.",
+            hint="Drop teacher_engine_options and size verl's teacher with verl: {distillation: {nnodes: N}} "
+                 "(or verl.overrides), or train this objective with --backbone local."))
     elif str(options.teacher).startswith("tiny://"):
         problems.append(UserError(
             f"algorithm.policy_loss_options.teacher={options.teacher!r}: verl loads real model "
