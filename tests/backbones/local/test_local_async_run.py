@@ -48,7 +48,16 @@ def crashed(tmp_path_factory) -> Path:
     assert checkpoints(run_dir) == ["step_000002"]
     resumed = train(conf, run_dir, "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    (run_dir / "resumed.stderr").write_text(resumed.stderr.read())
     return run_dir
+
+
+def test_the_run_stops_its_groups_before_its_judge_workers(crashed):
+    """Groups still rolling out at the last step used to reach the judge after the session had
+    stopped its workers, start new ones, and leave them to the end-of-run kill (a warning each run)."""
+    log = (crashed / "resumed.stderr").read_text()
+    assert "checkpoint saved" in log, log[-2000:]
+    assert "still running at its end" not in log, log[-2000:]
 
 
 def drawn_task_ids(run_dir: Path, count: int) -> list[str]:

@@ -219,24 +219,12 @@ async def training_loop(run: Run, setup: Setup) -> None:
                 setup.pipeline = GroupPipeline(
                     session.rollout, setup.order.next_batch, batch_size=config.data.train_batch_size,
                     bound=bound, version=setup.start_step, pending=setup.pending, **_group_filter(setup, config))
-            with TrainingProgress(setup.total_steps, start_step=setup.start_step) as progress:
-                if config.trainer.val_before_train and setup.start_step == 0 and setup.validation:
-                    metrics = await _validate(session, setup, progress, step=0)
-                    _write(metrics_log, trackers, 0, {"epoch": 0, **metrics})
-                for step in range(setup.start_step + 1, setup.total_steps + 1):
-                    last = step == setup.total_steps
-                    take_step = _train_step if setup.pipeline is None else _train_step_async
-                    metrics = await take_step(session, setup, progress, step)
-                    if setup.validation and _every(config.trainer.test_freq, step, last):
-                        metrics.update(await _validate(session, setup, progress, step=step))
-                    _write(metrics_log, trackers, step, metrics)
-                    progress.step_done(step, setup.order.epoch, metrics)
-                    if last or _every(config.trainer.save_freq, step, last=False):
-                        progress.phase("saving")
-                        _save(run, setup, step)
+            try:
+                await _run_steps(run, setup, session, metrics_log, trackers)
+            finally:  # groups still rolling out end before the session stops the judge and workflow processes
+                if setup.pipeline is not None:
+                    await setup.pipeline.aclose()
     finally:
-        if setup.pipeline is not None:
-            await setup.pipeline.aclose()
         await engine.aclose()
         trackers.close()
     _finish(run)
@@ -255,6 +243,25 @@ def _group_filter(setup: Setup, config: Any) -> dict[str, Any]:
 def _every(frequency: int, step: int, last: bool) -> bool:
     """Every `frequency` steps and at the last one; never when `frequency` is 0."""
     return frequency > 0 and (step % frequency == 0 or last)
+
+
+async def _run_steps(run: Run, setup: Setup, session: Any, metrics_log: MetricsLog, trackers: Trackers) -> None:
+    config = run.config
+    with TrainingProgress(setup.total_steps, start_step=setup.start_step) as progress:
+        if config.trainer.val_before_train and setup.start_step == 0 and setup.validation:
+            metrics = await _validate(session, setup, progress, step=0)
+            _write(metrics_log, trackers, 0, {"epoch": 0, **metrics})
+        for step in range(setup.start_step + 1, setup.total_steps + 1):
+            last = step == setup.total_steps
+            take_step = _train_step if setup.pipeline is None else _train_step_async
+            metrics = await take_step(session, setup, progress, step)
+            if setup.validation and _every(config.trainer.test_freq, step, last):
+                metrics.update(await _validate(session, setup, progress, step=step))
+            _write(metrics_log, trackers, step, metrics)
+            progress.step_done(step, setup.order.epoch, metrics)
+            if last or _every(config.trainer.save_freq, step, last=False):
+                progress.phase("saving")
+                _save(run, setup, step)
 
 
 async def _train_step(session: Any, setup: Setup, progress: TrainingProgress, step: int) -> dict[str, float]:
