@@ -210,10 +210,12 @@ async def test_batches_started_side_by_side_share_one_pool_of_judge_workers():
     config = tiny_config(rollout={"num_repeat": 2, "max_env_worker": 16, "compute_madness_checklist": []},
                          judge={"workers": 2})
     trainer = psutil.Process()
+    earlier = {child.pid for child in trainer.children()}  # what other tests in this process left
     async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config, http=False) as gateway:
         async with RolloutEngine(config, gateway, HandsOverItsFault, FaultyJudge()) as rollout:
             batches = await asyncio.gather(*(rollout.run_tasks([Task(task_id="ok", query="q")]) for _ in range(8)))
-            judges = [child for child in trainer.children() if "spawn_main" in " ".join(child.cmdline())]
+            judges = [child for child in trainer.children()
+                      if child.pid not in earlier and "spawn_main" in " ".join(child.cmdline())]
             assert len(judges) == 2, [child.cmdline() for child in judges]
     assert [episode.status for batch in batches for episode in batch] == [EpisodeStatus.OK] * 16
 
