@@ -165,7 +165,8 @@ async def test_garbage_is_answered_and_the_episode_judged_or_marked(name, transp
                                   "agent_madness_reward": PENALTY, "episode_timeout": 30})
     task = Task(task_id="t", query="2 + 2", metadata={"http": "http" in transport, "stream": "streaming" in transport})
     async with running_gateway(engine, config=config) as gateway:
-        [episode] = await RolloutEngine(config, gateway, CalcAgent, AnswerJudge()).run_tasks([task])
+        async with RolloutEngine(config, gateway, CalcAgent, AnswerJudge()) as rollout:
+            [episode] = await rollout.run_tasks([task])
 
     assert episode.status is case.status, episode.error
     assert episode.metrics["calls"] == case.calls == len(engine.prompts)  # every call was answered
@@ -223,7 +224,8 @@ async def test_the_gateway_keeps_serving_other_episodes_after_every_kind_of_garb
                          rollout={"num_repeat": 2, "max_env_worker": 64, "max_response_length_in_one_turn": 64})
     tasks = [Task(task_id=name, metadata={"case": name}) for name in [*CASES, "sane 1", "sane 2"]]
     async with running_gateway(engine, config=config) as gateway:
-        episodes = await RolloutEngine(config, gateway, TaggedAgent, AnswerJudge()).run_tasks(tasks)
+        async with RolloutEngine(config, gateway, TaggedAgent, AnswerJudge()) as rollout:
+            episodes = await rollout.run_tasks(tasks)
         import httpx
 
         async with httpx.AsyncClient() as client:

@@ -424,7 +424,8 @@ async def test_agents_get_their_own_timelines_and_trainable_targets_pick_them(to
     config = tiny_config(rollout={"num_repeat": 1, "trainable_targets": ["solver"]})
     engine = ScriptedEngine(["Blue.", "Yes."], tokenizer=tokenizer, cycle=True)
     async with running_gateway(engine, config=config) as gateway:
-        [episode] = await RolloutEngine(config, gateway, MultiAgentWorkflow, HandedJudge()).run_tasks(tasks("a"))
+        async with RolloutEngine(config, gateway, MultiAgentWorkflow, HandedJudge()) as rollout:
+            [episode] = await rollout.run_tasks(tasks("a"))
     assert episode.status is EpisodeStatus.OK, episode.error
     assert episode.judge_details == {"final_answer": "Blue.", "verdict": "Yes."}
     by_agent = {sample.agent: sample for sample in episode.samples}

@@ -107,6 +107,7 @@ async def test_a_workflow_gets_the_method_from_the_rollout_engine(register_plugi
 
     config = tiny_config(rollout={"num_repeat": 1})
     async with running_gateway(ScriptedEngine(tokenizer=tiny_tokenizer()), config=config) as gateway:
-        [episode] = await RolloutEngine(config, gateway, UsesToy).run_tasks([Task(task_id="a", query="q")])
+        async with RolloutEngine(config, gateway, UsesToy) as rollout:
+            [episode] = await rollout.run_tasks([Task(task_id="a", query="q")])
     assert episode.status is EpisodeStatus.OK, episode.error
     assert episode.reward == 1.0
