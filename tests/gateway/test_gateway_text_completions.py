@@ -4,11 +4,12 @@ scoring with the hf engine on the tiny model (checked against its own logits), a
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agenttune.engines.scripted import ScriptedEngine
@@ -86,6 +87,8 @@ _completion_bodies = st.fixed_dictionaries({"prompt": _either(st.lists(st.intege
 @pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(body=_completion_bodies | _json)
+@example(body={"prompt": "0", "max_tokens": float("inf")})
+@example(body={"prompt": [1, 2], "temperature": float("nan")})
 def test_random_completion_bodies_get_an_answer_or_a_clear_refusal(body):
     async def post():
         engine = ScriptedEngine(["four"], tokenizer=tiny_tokenizer(), cycle=True)
@@ -93,8 +96,10 @@ def test_random_completion_bodies_get_an_answer_or_a_clear_refusal(body):
             channel = gateway.open_episode("fuzz")
             async with httpx.AsyncClient(transport=channel.async_transport(),
                                          base_url="http://gateway.invalid") as client:
-                return await client.post("/v1/completions", json=body,
-                                         headers={"Authorization": f"Bearer {channel.key}"})
+                # json.dumps, not httpx's json=: Python clients send NaN and Infinity, httpx refuses to
+                return await client.post("/v1/completions", content=json.dumps(body),
+                                         headers={"Authorization": f"Bearer {channel.key}",
+                                                  "Content-Type": "application/json"})
 
     reply = asyncio.run(post())
     assert reply.status_code < 500, reply.text
