@@ -46,6 +46,14 @@ def dataset_rows(verl_config, split_files, tokenizer):
     return [dataset[i] for i in range(len(dataset))]
 
 
+def v1_worker(run, tokenizer, monkeypatch, answers):
+    """verl's V1 agent-loop worker for `run`, its model answering `answers` in turn: (verl's config, the
+    fake server, the worker, what the worker stores)."""
+    verl_config = load_like_main_ppo(run)
+    server = FakeServerManager(tokenizer, answers)
+    return (verl_config, server, *tq_worker(verl_config, server, monkeypatch))
+
+
 def tq_worker(verl_config, server, monkeypatch):
     """verl's V1 `AgentLoopWorkerTQ`, in this process, with its TransferQueue calls captured."""
     from verl.trainer.ppo.v1 import agent_loop_tq
@@ -95,9 +103,7 @@ def calls_by_request(server):
 async def test_v1_worker_runs_the_tool_agent_and_stores_exact_tokens(prepared_run, tiny_tokenizer, monkeypatch,
                                                                     teardown_runtimes):
     run = prepared_run()
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, [TOOL_CALL, FINAL_ANSWER])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, [TOOL_CALL, FINAL_ANSWER])
     row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
 
     prompt = {**row, "uid": "uid-0", "global_steps": 3, "agent_name": row["agent_name"]}
@@ -137,9 +143,7 @@ async def test_v1_worker_runs_the_tool_agent_and_stores_exact_tokens(prepared_ru
 async def test_split_timeline_becomes_several_outputs_for_the_v1_trainer(prepared_run, tiny_tokenizer, monkeypatch,
                                                                         teardown_runtimes):
     run = prepared_run(workflow="verl_agents:RewritingWorkflow")
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, ["Five, I think.", "The answer is 5."])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, ["Five, I think.", "The answer is 5."])
     row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[1]
 
     await worker._run_prompt({**row, "uid": "u", "global_steps": 1}, dict(SAMPLING),
@@ -198,9 +202,7 @@ async def test_a_failed_episode_is_dropped_from_training_and_counted(prepared_ru
     session stores nothing, so it is in no GRPO statistic), the group still completes, and the episode
     is in the rollout log with its status, its error and the drop counted."""
     run = prepared_run(workflow="verl_agents:CrashingWorkflow")
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, [FINAL_ANSWER])
     row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
 
     await worker._run_prompt({**row, "uid": "f", "global_steps": 5}, dict(SAMPLING),
@@ -217,9 +219,7 @@ async def test_a_failed_episode_is_dropped_from_training_and_counted(prepared_ru
 async def test_a_failure_after_model_calls_trains_none_of_its_tokens(prepared_run, tiny_tokenizer, monkeypatch,
                                                                     teardown_runtimes):
     run = prepared_run(workflow="verl_agents:FirstRepeatCrashesAfterAnswering")
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, [FINAL_ANSWER])
     row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
 
     await worker._run_prompt({**row, "uid": "m", "global_steps": 2}, dict(SAMPLING),
@@ -241,9 +241,7 @@ async def test_a_failure_after_model_calls_trains_none_of_its_tokens(prepared_ru
 async def test_a_failed_validation_episode_still_counts_against_accuracy(prepared_run, tiny_tokenizer, monkeypatch,
                                                                         teardown_runtimes):
     run = prepared_run(workflow="verl_agents:CrashingWorkflow")
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, [FINAL_ANSWER])
     row = dataset_rows(verl_config, verl_config.data.val_files, worker.tokenizer)[0]
 
     await worker._run_prompt({**row, "uid": "v", "global_steps": 0}, dict(SAMPLING),
@@ -290,9 +288,7 @@ async def test_the_legacy_trainer_gets_an_untrained_placeholder_for_a_failed_epi
 async def test_validation_rows_use_verls_sampling_and_log_as_validation(prepared_run, tiny_tokenizer, monkeypatch,
                                                                         teardown_runtimes):
     run = prepared_run()
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, [FINAL_ANSWER])
     row = dataset_rows(verl_config, verl_config.data.val_files, worker.tokenizer)[0]
     greedy = {**SAMPLING, "temperature": 0.0}
 

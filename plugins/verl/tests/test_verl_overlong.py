@@ -10,8 +10,8 @@ import pytest
 from agenttune_verl.agent_loop import WorkerRuntime
 from agenttune_verl.metrics_bridge import OVERLONG_PENALTY_SUM, bridge_step
 from agenttune_verl.outputs import Limits, episode_outputs
-from conftest import FINAL_ANSWER, FakeServerManager, load_like_main_ppo
-from test_verl_agent_loop import SAMPLING, dataset_rows, prepared_run, tq_worker, trajectory  # noqa: F401
+from conftest import FINAL_ANSWER
+from test_verl_agent_loop import SAMPLING, dataset_rows, prepared_run, trajectory, v1_worker  # noqa: F401
 
 from agenttune.plugin_api import (
     Episode,
@@ -124,9 +124,7 @@ async def test_the_agent_loop_shapes_training_rewards_as_verls_dapo_manager(prep
     max_length, buffer = answer_tokens + 1, 4  # the answer lands inside the buffer: a partial penalty
     run = prepared_run("algorithm.overlong_shaping.enable=true", f"algorithm.overlong_shaping.max_length={max_length}",
                        f"algorithm.overlong_shaping.buffer={buffer}", "algorithm.overlong_shaping.penalty=0.5")
-    verl_config = load_like_main_ppo(run)
-    server = FakeServerManager(tiny_tokenizer, [FINAL_ANSWER])
-    worker, stored = tq_worker(verl_config, server, monkeypatch)
+    verl_config, server, worker, stored = v1_worker(run, tiny_tokenizer, monkeypatch, [FINAL_ANSWER])
     row = dataset_rows(verl_config, verl_config.data.train_files, worker.tokenizer)[0]
     await worker._run_prompt({**row, "uid": "u", "global_steps": 2}, dict(SAMPLING),
                              trajectory=await trajectory(2, row["index"]))
