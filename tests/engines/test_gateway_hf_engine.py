@@ -340,3 +340,26 @@ def test_a_weight_update_from_another_architecture_is_refused(tiny_model, tiny_t
     engine = HFEngine(tiny_model, tiny_tokenizer)
     with pytest.raises(ValueError, match="not a copy of the trained model"):
         engine.update_weights(torch.nn.Linear(2, 2), 1)
+
+
+async def test_waiting_requests_are_served_by_priority_then_arrival(tiny_model, tiny_tokenizer, prompts):
+    """Asynchronous training gives each group its admission number as priority: when requests queue for a
+    full batch, the oldest group's are decoded first (the trainer waits for it), ties in arrival order."""
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=1, batch_wait_ms=0)
+    prompt_ids = ids(tiny_tokenizer, prompts[0])
+    busy = asyncio.create_task(engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=40)))
+    while not engine.decode_steps:
+        await asyncio.sleep(0.001)
+    finished: list[str] = []
+
+    async def request(name: str, priority: int) -> None:
+        await engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=2, priority=priority))
+        finished.append(name)
+
+    queued = []
+    for name, priority in [("late group a", 2), ("late group b", 2), ("old group", 1), ("late group c", 2)]:
+        queued.append(asyncio.create_task(request(name, priority)))
+        await asyncio.sleep(0)  # arrival order
+    await asyncio.gather(busy, *queued)
+    assert finished == ["old group", "late group a", "late group b", "late group c"]
+    await engine.aclose()

@@ -53,6 +53,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     guide: Guide | None = None
+    # Lower first, when requests wait for room in a batch (`hf`; other engines ignore it). Asynchronous
+    # training gives each group its admission number: the group the trainer takes next decodes first.
+    priority: int = 0
 
 
 @dataclass

@@ -138,6 +138,9 @@ class HFEngine(InferenceEngine):
         self._wakeup = asyncio.Event()  # replaced by one of the serving loop in _ensure_worker
         self._worker: asyncio.Task | None = None
         self._executor = _decode_executor(model, cpu_threads)
+        # The decode thread's intra-op threads on CPU (None: torch's, or not on CPU): a trainer in this
+        # process leaves them to it (backbones/local/loop.py, asynchronous modes).
+        self.cpu_threads = cpu_threads if model.device.type == "cpu" else None
         self._decoder = _decoder(model, lean_forward, cuda_graphs=cuda_graphs, max_rows=max_batch_size)
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
@@ -271,11 +274,12 @@ class HFEngine(InferenceEngine):
             await asyncio.sleep(self.batch_wait_s)
 
     def _take_pending(self, active: list[_Request]) -> list[_Request]:
-        """The waiting requests that fit beside `active` (rows and KV-cache budget), in arrival order;
-        requests whose callers gave up are dropped. Called from either thread."""
+        """The waiting requests that fit beside `active` (rows and KV-cache budget), by priority, then in
+        arrival order; requests whose callers gave up are dropped. Called from either thread."""
         taken: list[_Request] = []
         longest = max((_reserved(request) for request in active), default=0)
         with self._pending_lock:
+            self._pending.sort(key=_priority)  # stable: arrival order among equals
             while self._pending and len(active) + len(taken) < self.max_batch_size:
                 request = self._pending[0]
                 if request.future.done():
@@ -585,18 +589,27 @@ def _eval_mode(model: Any):
             model.train()
 
 
-def _decode_executor(model: Any, threads: int | None) -> ThreadPoolExecutor:
-    """The decode thread, with `threads` intra-op threads on CPU (None: torch's).
+def _priority(request: _Request) -> int:
+    return request.sampling.priority
 
-    An OpenMP team belongs to the thread that starts it, so the trainer's keeps its size. But
+
+def _decode_executor(model: Any, threads: int | None) -> ThreadPoolExecutor:
+    """The decode thread, with `threads` intra-op threads on CPU (None: torch's)."""
+    return intra_op_executor("agenttune-hf-engine", threads if model.device.type == "cpu" else None)
+
+
+def intra_op_executor(name: str, threads: int | None) -> ThreadPoolExecutor:
+    """One worker thread whose torch ops run `threads` wide on CPU (None: torch's count).
+
+    An OpenMP team belongs to the thread that starts it, so the caller's keeps its size. But
     `torch.set_num_threads` also sets the count threads started later begin with, so the caller's
-    count is set again once the decode thread has taken its own."""
+    count is set again once the new thread has taken its own."""
     import torch
 
-    if not threads or model.device.type != "cpu":
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine")
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttune-hf-engine",
-                                  initializer=_set_threads, initargs=(threads,))
+    if not threads:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=_set_threads,
+                                  initargs=(threads,))
     callers = torch.get_num_threads()
     executor.submit(int).result()  # starts the thread: its initializer runs now
     torch.set_num_threads(callers)

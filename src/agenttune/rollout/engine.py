@@ -15,6 +15,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -132,10 +133,15 @@ class RolloutEngine:
         tasks: Sequence[Task],
         num_repeat: int | None = None,
         sampling: SamplingParams | None = None,
+        *,
+        priority: int | None = None,
     ) -> list[Episode]:
-        """Run each task `num_repeat` times (one group per task); episodes come back in task order."""
+        """Run each task `num_repeat` times (one group per task); episodes come back in task order.
+        `priority`: the requests' place when they wait for the engine (`SamplingParams.priority`)."""
         num_repeat = num_repeat or self.config.rollout.num_repeat
         sampling = sampling or sampling_params(self.config.rollout)
+        if priority is not None:
+            sampling = replace(sampling, priority=priority)
         slots = self._episode_slots()
         batch = secrets.token_hex(3)  # group ids stay unique across steps and repeated task ids
         await self._start_pools(len(tasks) * num_repeat)

@@ -33,9 +33,11 @@ class SlowRollout:
         self.version = 0  # the rollout weights' version, as the engine would hold it
         self.running = 0
         self.most_running = 0
+        self.priorities: dict[str, int | None] = {}  # task -> the engine priority its requests got
 
-    async def run_tasks(self, tasks: list[Task]) -> list[Episode]:
+    async def run_tasks(self, tasks: list[Task], *, priority: int | None = None) -> list[Episode]:
         (task,) = tasks
+        self.priorities[task.task_id] = priority
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         first = self.version
@@ -80,6 +82,10 @@ async def test_admission_keeps_rollouts_within_the_bound(bound):
     await pipeline.aclose()
     assert len(trained) == 6 * BATCH and len(set(trained)) == len(trained)
     assert rollout.most_running <= (bound + 1) * BATCH  # never more groups ahead than the bound allows
+    # each group's requests wait for the engine in admission order: the oldest (trained next) first
+    started = sorted(rollout.priorities, key=lambda task_id: rollout.priorities[task_id])
+    assert sorted(rollout.priorities.values()) == list(range(len(started)))
+    assert trained == started[:len(trained)]
     assert all(m["async/dropped_groups"] == 0 for m in metrics)  # nothing is slow: nothing dropped
     if bound == 0:  # synchronous: every token from the weights being trained
         assert all(m["async/staleness_max"] == 0 for m in metrics)
@@ -139,7 +145,7 @@ async def test_pending_tasks_are_every_task_taken_and_not_trained():
 
 async def test_a_failing_rollout_surfaces_instead_of_hanging():
     class Broken(SlowRollout):
-        async def run_tasks(self, tasks):
+        async def run_tasks(self, tasks, *, priority=None):
             raise RuntimeError("the gateway is gone")
 
     pipeline = GroupPipeline(Broken({}), task_source(), batch_size=BATCH, bound=1, version=0)
@@ -186,3 +192,36 @@ def test_asynchronous_training_with_rollout_correction_turned_off_is_warned_abou
     assert not warnings("trainer.mode=async", "algorithm.rollout_correction.rollout_is=sequence")
     assert not warnings("trainer.mode=sync")
     assert not warnings("trainer.mode=async", "trainer.max_staleness=0")  # the synchronous schedule
+
+
+# -- the update's thread (issue 39) ---------------------------------------------------------------
+def test_the_asynchronous_update_thread_takes_the_cores_the_decode_thread_leaves():
+    """Two thread teams as wide as the machine slow each other down: on CPU the update's team is torch's
+    count minus the engine's decode threads (at least one), or `local.update_threads`; the caller's count
+    and the count of threads started later stay as they were."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from agenttune.backbones.local.loop import update_executor
+    from agenttune.config_loader import load_config
+
+    model = torch.nn.Linear(2, 2)
+    callers = torch.get_num_threads()
+
+    def threads_of(config, engine) -> int:
+        executor = update_executor(config, model, engine)
+        try:
+            return executor.submit(torch.get_num_threads).result()
+        finally:
+            executor.shutdown()
+
+    default = load_config({"model": {"path": "tiny://default"}})
+    assert threads_of(default, SimpleNamespace(cpu_threads=1)) == max(1, callers - 1)
+    assert threads_of(default, SimpleNamespace(cpu_threads=callers + 4)) == 1
+    assert threads_of(default, SimpleNamespace()) == callers  # an engine that computes elsewhere
+    explicit = load_config({"model": {"path": "tiny://default"}, "local": {"update_threads": 3}})
+    assert threads_of(explicit, SimpleNamespace(cpu_threads=1)) == 3
+    assert torch.get_num_threads() == callers
+    started_later = update_executor(default, model, SimpleNamespace(cpu_threads=None))
+    assert started_later.submit(torch.get_num_threads).result() == callers
+    started_later.shutdown()

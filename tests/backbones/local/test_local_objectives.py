@@ -90,7 +90,7 @@ def test_dynamic_sampling_in_the_async_pipeline_replaces_groups_without_spread_a
     rng = random.Random(0)
 
     class Rollout:
-        async def run_tasks(self, tasks):
+        async def run_tasks(self, tasks, *, priority=None):
             await asyncio.sleep(0)
             task = tasks[0]
             informative = rng.random() < 0.4

@@ -16,6 +16,7 @@ from test_local_grpo import make_config, make_trainer, parameters, step_episodes
 from agenttune.backbones.local.chunked_logprobs import chunked_logprobs  # noqa: E402
 from agenttune.backbones.local.logprobs import collate, collate_packed, token_logprobs  # noqa: E402
 from agenttune.backbones.local.packing import balanced_micro_batches, pack  # noqa: E402
+from agenttune.backbones.local.prompt_sharing import alone  # noqa: E402
 
 
 def random_items(seed: int, count: int = 5, vocab: int = 300, longest: int = 40) -> list[TrainItem]:
@@ -49,7 +50,7 @@ def test_micro_batches_are_balanced_by_tokens_and_keep_every_item_once():
     items = [TrainItem([1] * n, [0] + [1] * (n - 1), [0.0] * n, 1.0) for n in
              [rng.randint(5, 300) for _ in range(40)] + [700, 1000]]
     budget = 512
-    groups = balanced_micro_batches(items, budget)
+    groups = [[unit.items[0] for unit in group] for group in balanced_micro_batches(alone(items), budget)]
     assert sorted(id(item) for group in groups for item in group) == sorted(id(item) for item in items)
     loads = [sum(len(item) for item in group) for group in groups]
     assert [len(g[0]) for g in groups if len(g[0]) > budget] == [700, 1000]  # oversized: alone
@@ -64,17 +65,18 @@ def test_micro_batches_are_balanced_by_tokens_and_keep_every_item_once():
 def test_packing_restarts_positions_and_scores_only_trained_targets():
     items = [TrainItem([5, 6, 7, 8], [0, 0, 1, 1], [0.0] * 4, 1.0), TrainItem([9, 10, 11], [0, 1, 0], [0.0] * 3, 1.0),
              TrainItem([12], [1], [0.0], 1.0)]
-    packing = pack(items, "cpu", pad_token_id=0)
+    packing = pack(alone(items), "cpu", pad_token_id=0)
     # rows as wide as the longest item, first fit longest first: [item 0], [item 1, item 2]
     assert packing.input_ids.tolist() == [[5, 6, 7, 8], [9, 10, 11, 12]]
     assert packing.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0]]
     # position 1 scores token 7, position 2 token 8, row 1's position 0 (flat 4) token 10
     assert packing.scored.tolist() == [1, 2, 4]
+    assert packing.attention_mask is None  # nothing shared: the position ids keep samples apart
     assert packing.targets.tolist() == [7, 8, 10]
     assert list(zip(packing.rows.tolist(), packing.columns.tolist(), strict=True)) == [(0, 1), (0, 2), (1, 0)]
     unpacked = packing.unpack(torch.tensor([1.0, 2.0, 3.0]), torch.Size([3, 3]))
     assert unpacked.tolist() == [[0.0, 1.0, 2.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
-    padded_end = pack(items[1:], "cpu", pad_token_id=0)  # width 3: two rows, the second padded
+    padded_end = pack(alone(items[1:]), "cpu", pad_token_id=0)  # width 3: two rows, the second padded
     assert padded_end.input_ids.tolist() == [[9, 10, 11], [12, 0, 0]]
     assert padded_end.position_ids.tolist() == [[0, 1, 2], [0, 0, 1]]  # the padding: a sample of its own
 
@@ -86,7 +88,7 @@ def test_packed_logprobs_entropy_and_gradients_equal_the_padded_ones(temperature
     model = make_trainer(make_config()).model
     items = random_items(0, count=8)
     results = []
-    for batch in (collate(items, 0, "cpu"), collate_packed(items, 0, "cpu", chunk_tokens=7)):
+    for batch in (collate(items, 0, "cpu"), collate_packed(alone(items), 0, "cpu", chunk_tokens=7)):
         model.zero_grad(set_to_none=True)
         logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=True)
         (logprobs * batch.mask * batch.advantages[:, None]).sum().backward()
@@ -190,7 +192,7 @@ def test_the_frozen_head_of_a_lora_model_gets_no_gradient():
     pytest.importorskip("peft")
     trainer = make_trainer(make_config(local={"lora_rank": 4}))
     items = random_items(1, count=2)
-    batch = collate_packed(items, 0, "cpu")
+    batch = collate_packed(alone(items), 0, "cpu")
     logprobs, _ = token_logprobs(trainer.model, batch)
     (logprobs * batch.mask).sum().backward()
     produced = grads(trainer.model)
@@ -201,7 +203,7 @@ def test_a_model_that_transforms_its_logits_is_refused_with_a_hint():
     trainer = make_trainer(make_config())
     trainer.model.config.final_logit_softcapping = 30.0
     with pytest.raises(UserError, match="update_path: padded"):
-        token_logprobs(trainer.model, collate_packed(random_items(2, count=1), 0, "cpu"))
+        token_logprobs(trainer.model, collate_packed(alone(random_items(2, count=1)), 0, "cpu"))
 
 
 def test_packing_needs_attention_that_keeps_samples_apart(monkeypatch):
@@ -209,7 +211,7 @@ def test_packing_needs_attention_that_keeps_samples_apart(monkeypatch):
     from transformers import masking_utils
 
     trainer = make_trainer(make_config())
-    batch = collate_packed(random_items(3, count=4), 0, "cpu")
+    batch = collate_packed(alone(random_items(3, count=4)), 0, "cpu")
     assert batch.packing is not None and batch.packing.shared_rows
     monkeypatch.delattr(masking_utils, "find_packed_sequence_indices")
     with pytest.raises(UserError, match="update_path: padded"):

@@ -150,7 +150,9 @@ class GroupPipeline:
 
     async def _run(self, number: int, task: Task) -> None:
         try:
-            episodes = await self.rollout.run_tasks([task])
+            # The oldest group's requests decode first: the trainer takes groups in this order, and at the
+            # start the pipeline admits `bound + 1` batches at once (the first step waited for all of them).
+            episodes = await self.rollout.run_tasks([task], priority=number)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # run_tasks isolates episodes: this is the rollout itself failing

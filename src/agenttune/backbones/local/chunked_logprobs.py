@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn import functional
 
+from agenttune.backbones.local.prompt_sharing import model_mask
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def packed_token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the packed rows' scored targets, [M] each, without full logits."""
     causal = causal_lm(model)
-    if packing.shared_rows and not _separates_packed_samples(causal):
+    if packing.shared_rows and packing.attention_mask is None and not _separates_packed_samples(causal):
         import transformers
 
         raise UserError(
@@ -41,7 +42,11 @@ def packed_token_logprobs(
             f"{causal.config._attn_implementation!r} attention (it has no masking_utils.find_packed_sequence_indices).",
             hint="Upgrade transformers, or set local.update_path: padded.")
     body, head = causal.get_decoder(), causal.get_output_embeddings()
-    hidden = body(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).last_hidden_state
+    mask = packing.attention_mask
+    if mask is not None:  # units that share a prompt: their tree mask (prompt_sharing.py)
+        mask = model_mask(mask, causal, head.weight.dtype)
+    hidden = body(input_ids=packing.input_ids, position_ids=packing.position_ids, attention_mask=mask,
+                  use_cache=False).last_hidden_state
     hidden = hidden.flatten(0, 1).index_select(0, packing.scored)  # only positions whose next token is trained
     return chunked_logprobs(hidden, head, packing.targets, temperature=temperature, with_entropy=with_entropy,
                             chunk_tokens=packing.chunk_tokens)

@@ -14,6 +14,7 @@ import torch
 from agenttune.backbones.local.batching import TrainItem
 from agenttune.backbones.local.chunked_logprobs import packed_token_logprobs
 from agenttune.backbones.local.packing import Packing, pack
+from agenttune.backbones.local.prompt_sharing import Unit
 
 
 @dataclass
@@ -45,6 +46,11 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum().item())
 
+    @property
+    def num_model_tokens(self) -> int:
+        """The tokens the model runs on: a shared prompt counts once (prompt_sharing.py)."""
+        return self.packing.tokens if self.packing is not None else self.num_tokens
+
 
 def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | str) -> Batch:
     """Right-pad the items into one batch (padding is masked out of attention and loss)."""
@@ -70,12 +76,12 @@ def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | st
     )
 
 
-def collate_packed(items: list[TrainItem], pad_token_id: int, device: torch.device | str, *,
+def collate_packed(units: list[Unit], pad_token_id: int, device: torch.device | str, *,
                    chunk_tokens: int = 1024) -> Batch:
-    """The padded `Batch` of these items (its per-token tensors are small) plus the packed rows that the
-    model actually runs on (packing.py)."""
-    batch = collate(items, pad_token_id, device)
-    batch.packing = pack(items, device, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
+    """The padded `Batch` of these units' samples (its per-token tensors are small) plus the packed rows
+    that the model actually runs on (packing.py)."""
+    batch = collate([item for unit in units for item in unit.items], pad_token_id, device)
+    batch.packing = pack(units, device, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
     return batch
 
 

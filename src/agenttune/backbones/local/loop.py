@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from agenttune.backbones.local.progress import TrainingProgress
 from agenttune.backbones.local.report import PLOT_NAME, plot_curves, summary_table
 from agenttune.backbones.local.task_order import TaskOrder
 from agenttune.backbones.local.trainer import GRPOTrainer
+from agenttune.engines.hf import intra_op_executor
 from agenttune.episode import Episode
 from agenttune.errors import UserError
 from agenttune.model_loading import load_tokenizer, resolve_model_path
@@ -60,6 +62,7 @@ class Setup:
     engine: Any = None
     pending: list[Task] = field(default_factory=list)  # async: tasks taken but not trained at the checkpoint
     pipeline: Any = None  # async: the GroupPipeline
+    update_thread: ThreadPoolExecutor | None = None  # async: where the update runs (`update_executor`)
 
 
 def train(run: Run) -> None:
@@ -219,15 +222,31 @@ async def training_loop(run: Run, setup: Setup) -> None:
                 setup.pipeline = GroupPipeline(
                     session.rollout, setup.order.next_batch, batch_size=config.data.train_batch_size,
                     bound=bound, version=setup.start_step, pending=setup.pending, **_group_filter(setup, config))
+                setup.update_thread = update_executor(config, setup.model, engine)
             try:
                 await _run_steps(run, setup, session, metrics_log, trackers)
             finally:  # groups still rolling out end before the session stops the judge and workflow processes
                 if setup.pipeline is not None:
                     await setup.pipeline.aclose()
+                if setup.update_thread is not None:
+                    setup.update_thread.shutdown()
     finally:
         await engine.aclose()
         trackers.close()
     _finish(run)
+
+
+def update_executor(config: Any, model: Any, engine: Any) -> ThreadPoolExecutor:
+    """The thread asynchronous updates run in, while the event loop serves the workflows and the engine's
+    decode thread generates. On CPU its intra-op team takes the cores the decode thread leaves
+    (`local.update_threads`): with both teams as wide as the machine, each op of either waits for
+    threads the other has preempted (issue 39: on 2 cores, 3.17 s a step against 3.53)."""
+    threads = local_options(config).update_threads
+    if next(model.parameters()).device.type != "cpu":
+        threads = None
+    elif threads is None:
+        threads = max(1, torch.get_num_threads() - (getattr(engine, "cpu_threads", None) or 0))
+    return intra_op_executor("agenttune-update", threads)
 
 
 def _group_filter(setup: Setup, config: Any) -> dict[str, Any]:
@@ -302,7 +321,8 @@ async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgre
     progress.phase("training (rollouts go on)")
     # In a thread: the event loop keeps serving the gateway and the workflows meanwhile. No
     # release_memory: the engine goes on generating during the update (vllm does not sleep).
-    metrics.update(await asyncio.to_thread(setup.trainer.step, episodes))
+    update = asyncio.get_running_loop().run_in_executor(setup.update_thread, setup.trainer.step, episodes)
+    metrics.update(await update)
     await setup.engine.sync_weights(setup.model, step)  # lands among requests in flight (partial rollouts)
     setup.pipeline.advance(step)
     _add_perf(metrics, started, waited_s, setup.order.epoch)

@@ -36,6 +36,13 @@ class LocalOptions(Section):
         "log-probs and entropy from the hidden states in chunks, never the full logits. padded: one right-padded "
         "row per sample and the model's full float32 logits (the previous path, kept for comparison; docs/local.md).",
     )
+    share_prompts: bool = Field(
+        default=True,
+        description="packed path: the samples of a group that start with the same prompt hold it once in their "
+        "micro-batch, under a tree-shaped attention mask; the update runs the prompt once per group instead of once "
+        "per sample (same log-probs and gradients). Needs sdpa or eager attention and no sliding windows; "
+        "elsewhere (flash-attention) every sample runs whole.",
+    )
     logits_chunk_tokens: int = Field(
         default=1024, gt=0,
         description="packed path: tokens whose logits exist at once (each chunk takes chunk x vocabulary x 4 bytes, "
@@ -50,6 +57,13 @@ class LocalOptions(Section):
         default=False,
         description="Keep AdamW's states (2 x the trainable weights, float32) in CPU memory and run the optimizer "
         "step there; the GPU keeps weights and gradients only. Slower steps, for models whose optimizer would not fit.",
+    )
+    update_threads: int | None = Field(
+        default=None, gt=0,
+        description="On CPU, asynchronous modes: the intra-op threads of the update, which runs while the hf "
+        "engine's decode thread generates. None: the cores the decode thread leaves (torch's threads minus "
+        "engine.cpu_threads, at least one): two thread teams that each want every core slow each other down. "
+        "Synchronous training updates alone, on torch's threads.",
     )
     lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
     lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")

@@ -16,11 +16,13 @@ import torch
 
 from agenttune.backbones.local.advantages import per_row, step_advantages
 from agenttune.backbones.local.batching import ItemStats, TrainItem, build_items, micro_batches
+from agenttune.backbones.local.chunked_logprobs import causal_lm
 from agenttune.backbones.local.logprobs import Batch, collate, collate_packed, token_logprobs
 from agenttune.backbones.local.loss import aggregate, kl_penalty
 from agenttune.backbones.local.offload import CPUOffloadAdamW
 from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.packing import balanced_micro_batches
+from agenttune.backbones.local.prompt_sharing import alone, share_prompts, supports_prompt_sharing
 from agenttune.backbones.local.rollout_correction import Correction, correct, normalize
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
@@ -125,8 +127,17 @@ class GRPOTrainer:
         if local.update_path == "padded":
             return [collate(group, self.pad_token_id, self.device)
                     for group in micro_batches(items, local.micro_batch_tokens)]
+        units = share_prompts(items, local.micro_batch_tokens) if self._shares_prompts else alone(items)
         return [collate_packed(group, self.pad_token_id, self.device, chunk_tokens=local.logits_chunk_tokens)
-                for group in balanced_micro_batches(items, local.micro_batch_tokens)]
+                for group in balanced_micro_batches(units, local.micro_batch_tokens)]
+
+    @property
+    def _shares_prompts(self) -> bool:
+        """Every model that scores the packed rows takes the tree mask (the reference is the policy's copy
+        or the policy itself; a served teacher reads the padded rows)."""
+        teacher = getattr(self.teacher, "model", None)
+        return local_options(self.config).share_prompts and all(
+            supports_prompt_sharing(causal_lm(model)) for model in (self.model, teacher) if model is not None)
 
     def _update(self, batches: list[Batch]) -> dict[str, float]:
         local, algorithm = local_options(self.config), self.config.algorithm
@@ -335,6 +346,7 @@ def _finish_metrics(totals: dict[str, float], batches: list[Batch]) -> dict[str,
         "train/skipped_updates": totals.get("skipped_updates", 0.0),
         "train/micro_batches": float(len(batches)),
         "train/tokens": float(sum(batch.num_tokens for batch in batches)),
+        "train/model_tokens": float(sum(batch.num_model_tokens for batch in batches)),
         "train/trained_tokens": float(sum(batch.num_trained_tokens for batch in batches)),
         "train/entropy": totals.get("entropy_sum", 0.0) / first,
         "train/logprob_mismatch": totals.get("mismatch_sum", 0.0) / first,
