@@ -205,11 +205,11 @@ def test_the_asynchronous_update_thread_takes_the_cores_the_decode_thread_leaves
     from agenttune.backbones.local.loop import update_executor
     from agenttune.config_loader import load_config
 
-    model = torch.nn.Linear(2, 2)
+    cpu = torch.device("cpu")
     callers = torch.get_num_threads()
 
     def threads_of(config, engine) -> int:
-        executor = update_executor(config, model, engine)
+        executor = update_executor(config, cpu, engine)
         try:
             return executor.submit(torch.get_num_threads).result()
         finally:
@@ -222,6 +222,6 @@ def test_the_asynchronous_update_thread_takes_the_cores_the_decode_thread_leaves
     explicit = load_config({"model": {"path": "tiny://default"}, "local": {"update_threads": 3}})
     assert threads_of(explicit, SimpleNamespace(cpu_threads=1)) == 3
     assert torch.get_num_threads() == callers
-    started_later = update_executor(default, model, SimpleNamespace(cpu_threads=None))
+    started_later = update_executor(default, cpu, SimpleNamespace(cpu_threads=None))
     assert started_later.submit(torch.get_num_threads).result() == callers
     started_later.shutdown()

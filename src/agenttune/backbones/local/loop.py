@@ -222,7 +222,7 @@ async def training_loop(run: Run, setup: Setup) -> None:
                 setup.pipeline = GroupPipeline(
                     session.rollout, setup.order.next_batch, batch_size=config.data.train_batch_size,
                     bound=bound, version=setup.start_step, pending=setup.pending, **_group_filter(setup, config))
-                setup.update_thread = update_executor(config, setup.model, engine)
+                setup.update_thread = update_executor(config, setup.trainer.device, engine)
             try:
                 await _run_steps(run, setup, session, metrics_log, trackers)
             finally:  # groups still rolling out end before the session stops the judge and workflow processes
@@ -236,13 +236,13 @@ async def training_loop(run: Run, setup: Setup) -> None:
     _finish(run)
 
 
-def update_executor(config: Any, model: Any, engine: Any) -> ThreadPoolExecutor:
+def update_executor(config: Any, device: torch.device, engine: Any) -> ThreadPoolExecutor:
     """The thread asynchronous updates run in, while the event loop serves the workflows and the engine's
     decode thread generates. On CPU its intra-op team takes the cores the decode thread leaves
     (`local.update_threads`): with both teams as wide as the machine, each op of either waits for
     threads the other has preempted (issue 39: on 2 cores, 3.17 s a step against 3.53)."""
     threads = local_options(config).update_threads
-    if next(model.parameters()).device.type != "cpu":
+    if device.type != "cpu":
         threads = None
     elif threads is None:
         threads = max(1, torch.get_num_threads() - (getattr(engine, "cpu_threads", None) or 0))

@@ -20,6 +20,7 @@ others would be computed and thrown away. The per-token results are scattered ba
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -93,9 +94,7 @@ def pack(units: list[Unit], device: torch.device | str, *, pad_token_id: int = 0
     Units that share a prompt (prompt_sharing.py) get a tree mask; without them, position ids say it all.
     """
     width = max(len(unit) for unit in units)
-    first_sample = [0]
-    for unit in units:
-        first_sample.append(first_sample[-1] + len(unit.items))
+    first_sample = [0, *itertools.accumulate(len(unit.items) for unit in units)]
     rows: list[list[int]] = []  # unit indices per row
     free: list[int] = []
     for index in sorted(range(len(units)), key=lambda i: len(units[i]), reverse=True):
@@ -111,25 +110,26 @@ def pack(units: list[Unit], device: torch.device | str, *, pad_token_id: int = 0
     unit_ids = torch.full((len(rows), width), -1, dtype=torch.long)  # the row's padding: a unit of its own
     branches = torch.zeros((len(rows), width), dtype=torch.long)
     scored = _Scored()
+
+    def write(row: int, offset: int, ids: list[int], first_position: int, branch: int) -> int:
+        """`ids` at `offset` of `row`, positions from `first_position`; the offset after them."""
+        end = offset + len(ids)
+        input_ids[row, offset:end] = torch.tensor(ids)
+        position_ids[row, offset:end] = torch.arange(first_position, first_position + len(ids))
+        branches[row, offset:end] = branch
+        return end
+
     for row, members in enumerate(rows):
         offset = 0
         for index in members:
             unit = units[index]
             unit_ids[row, offset:offset + len(unit)] = index
-            if unit.shared:
-                common = slice(offset, offset + unit.shared)
-                input_ids[row, common] = torch.tensor(unit.items[0].input_ids[:unit.shared])
-                position_ids[row, common] = torch.arange(unit.shared)
-                branches[row, common] = -1
-                offset += unit.shared
+            if unit.shared:  # the common tokens once, on the branch every sample sees
+                offset = write(row, offset, unit.items[0].input_ids[:unit.shared], 0, -1)
             for branch, item in enumerate(unit.items):
-                rest = len(item) - unit.shared
-                input_ids[row, offset:offset + rest] = torch.tensor(item.input_ids[unit.shared:])
-                position_ids[row, offset:offset + rest] = torch.arange(unit.shared, len(item))
-                branches[row, offset:offset + rest] = branch
                 scored.add(item, first_sample[index] + branch, start=row * width + offset - unit.shared,
                            first_column=unit.shared)
-                offset += rest
+                offset = write(row, offset, item.input_ids[unit.shared:], unit.shared, branch)
         position_ids[row, offset:] = torch.arange(width - offset)
 
     def tensor(values: list[int]) -> torch.Tensor:
