@@ -598,20 +598,23 @@ def _decode_executor(model: Any, threads: int | None) -> ThreadPoolExecutor:
     return intra_op_executor("agenttune-hf-engine", threads if model.device.type == "cpu" else None)
 
 
-def intra_op_executor(name: str, threads: int | None) -> ThreadPoolExecutor:
-    """One worker thread whose torch ops run `threads` wide on CPU (None: torch's count).
+def intra_op_executor(name: str, threads: int | None, *, workers: int = 1) -> ThreadPoolExecutor:
+    """`workers` threads whose torch ops each run `threads` wide on CPU (None: torch's count).
 
     An OpenMP team belongs to the thread that starts it, so the caller's keeps its size. But
-    `torch.set_num_threads` also sets the count threads started later begin with, so the caller's
-    count is set again once the new thread has taken its own."""
+    `torch.set_num_threads` also sets the count threads started later begin with, so every worker is
+    started now (each waits at a barrier until all have taken their count) and the caller's count is
+    set again after."""
     import torch
 
     if not threads:
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=_set_threads,
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=_set_threads,
                                   initargs=(threads,))
     callers = torch.get_num_threads()
-    executor.submit(int).result()  # starts the thread: its initializer runs now
+    started = threading.Barrier(workers)
+    for future in [executor.submit(started.wait) for _ in range(workers)]:  # a blocked worker is not reused
+        future.result()
     torch.set_num_threads(callers)
     return executor
 

@@ -94,17 +94,36 @@ async def test_admission_keeps_rollouts_within_the_bound(bound):
 
 
 async def test_groups_delayed_past_the_bound_are_dropped_counted_and_replaced():
-    slow = {"t1": 0.5, "t6": 0.5}  # a slow tool: these two finish several versions later
+    slow = {"t5": 0.5, "t9": 0.5}  # a slow tool: these two (2nd and 3rd batches) finish several versions later
     rollout = SlowRollout(slow)
     pipeline = GroupPipeline(rollout, task_source(), batch_size=BATCH, bound=1, version=0)
     trained, metrics = await train(pipeline, rollout, steps=10, train_s=0.1)
     await pipeline.aclose()
     assert pipeline.dropped == 2 and sum(m["async/dropped_groups"] for m in metrics) == 2
-    assert "t1" not in trained and "t6" not in trained
+    assert "t5" not in trained and "t9" not in trained
     assert len(trained) == 10 * BATCH and len(set(trained)) == len(trained)  # replaced by fresh groups
     for m in metrics:
         assert m["async/staleness_max"] <= 1
         assert sum(value for key, value in m.items() if key.startswith("async/staleness/")) == pytest.approx(1)
+
+
+async def test_the_first_batch_rolls_out_alone_and_each_batch_taken_lets_one_more_in():
+    """At the start the first batch has the engine to itself (as a synchronous step's would); each batch the
+    trainer takes admits the next, up to the bound. `ahead()`: the next step's batch is complete already."""
+    rollout = SlowRollout({}, default=0.05)
+    pipeline = GroupPipeline(rollout, task_source(), batch_size=BATCH, bound=2, version=0)
+    first, _ = await pipeline.next_batch()
+    assert [group.task.task_id for group in first] == ["t0", "t1", "t2", "t3"]
+    await asyncio.sleep(0.01)
+    assert rollout.most_running == BATCH and rollout.running == BATCH  # the second batch started on taking
+    assert not pipeline.ahead()
+    await asyncio.sleep(0.2)
+    assert pipeline.ahead() and rollout.running == 0
+    await pipeline.next_batch()  # (no update yet: version 0) the third batch starts, and no more
+    await pipeline.next_batch()
+    await asyncio.sleep(0.2)
+    assert sorted(rollout.priorities.values()) == list(range(3 * BATCH))  # bound 2: three batches of version 0
+    await pipeline.aclose()
 
 
 async def test_a_slow_group_within_the_bound_is_trained_with_its_partial_versions():
@@ -194,34 +213,3 @@ def test_asynchronous_training_with_rollout_correction_turned_off_is_warned_abou
     assert not warnings("trainer.mode=async", "trainer.max_staleness=0")  # the synchronous schedule
 
 
-# -- the update's thread (issue 39) ---------------------------------------------------------------
-def test_the_asynchronous_update_thread_takes_the_cores_the_decode_thread_leaves():
-    """Two thread teams as wide as the machine slow each other down: on CPU the update's team is torch's
-    count minus the engine's decode threads (at least one), or `local.update_threads`; the caller's count
-    and the count of threads started later stay as they were."""
-    torch = pytest.importorskip("torch")
-    from types import SimpleNamespace
-
-    from agenttune.backbones.local.loop import update_executor
-    from agenttune.config_loader import load_config
-
-    cpu = torch.device("cpu")
-    callers = torch.get_num_threads()
-
-    def threads_of(config, engine) -> int:
-        executor = update_executor(config, cpu, engine)
-        try:
-            return executor.submit(torch.get_num_threads).result()
-        finally:
-            executor.shutdown()
-
-    default = load_config({"model": {"path": "tiny://default"}})
-    assert threads_of(default, SimpleNamespace(cpu_threads=1)) == max(1, callers - 1)
-    assert threads_of(default, SimpleNamespace(cpu_threads=callers + 4)) == 1
-    assert threads_of(default, SimpleNamespace()) == callers  # an engine that computes elsewhere
-    explicit = load_config({"model": {"path": "tiny://default"}, "local": {"update_threads": 3}})
-    assert threads_of(explicit, SimpleNamespace(cpu_threads=1)) == 3
-    assert torch.get_num_threads() == callers
-    started_later = update_executor(default, cpu, SimpleNamespace(cpu_threads=None))
-    assert started_later.submit(torch.get_num_threads).result() == callers
-    started_later.shutdown()

@@ -96,3 +96,14 @@ def test_tokens_record_their_policy_version_within_the_bound(crashed):
                 assert versions == sorted(versions)  # a weight update only moves a sample forward
                 lags.update(step - 1 - v for v in versions)
     assert lags[0] > 0 and sum(count for lag, count in lags.items() if lag > 0) > 0  # both fresh and off-policy
+
+
+def test_the_update_takes_its_threads_only_when_the_next_batch_is_complete(crashed):
+    """On CPU the update's micro-batches run side by side only while a whole batch for the next step waits
+    (update_threads.py); otherwise on one thread, leaving the other cores to the rollout."""
+    metrics = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    steps = [record for record in metrics if "perf/update_threads" in record]
+    assert len(steps) >= TOTAL_STEPS
+    for record in steps:
+        ahead = record["async/groups_waiting"] >= 4 and torch.get_num_threads() > 1
+        assert record["perf/update_threads"] == (torch.get_num_threads() if ahead else 1), record

@@ -237,10 +237,11 @@ def test_keep_puts_zero_variance_tokens_in_the_token_mean_denominator():
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_gradient_accumulation_matches_one_big_batch(mode):
-    """Splitting a step into micro-batches must not change the update (the denominators are global)."""
+    """Splitting a step into micro-batches must not change the update (the denominators are global). (One
+    update thread: several split a step into several micro-batches whatever the budget, test_update_threads.py.)"""
     results = []
     for budget in (100_000, 24):
-        config = make_config(local={"micro_batch_tokens": budget}, algorithm={"loss_agg_mode": mode})
+        config = make_config(local={"micro_batch_tokens": budget, "update_threads": 1}, algorithm={"loss_agg_mode": mode})
         trainer = make_trainer(config)
         metrics = trainer.step(step_episodes(1))
         results.append((parameters(trainer.model), metrics["train/micro_batches"]))

@@ -105,10 +105,12 @@ def test_packed_logprobs_entropy_and_gradients_equal_the_padded_ones(temperature
 def test_a_packed_training_step_equals_a_padded_one(extra):
     """Loss, KL, entropy and the updated weights; with a KL penalty, two epochs (so a scoring pass of
     the old policy) over several micro-batches. (With mini_batches > 1 the two paths would split the
-    step differently, since their micro-batches differ.)"""
+    step differently, since their micro-batches differ. One update thread: several would split the packed step
+    into more micro-batches, test_update_threads.py.)"""
     outcomes = []
     for path in ("padded", "packed"):
-        config = make_config(local={"update_path": path, "micro_batch_tokens": 60, "ppo_epochs": 2, **extra},
+        config = make_config(local={"update_path": path, "micro_batch_tokens": 60, "ppo_epochs": 2, "update_threads": 1,
+                                    **extra},
                              algorithm={"kl_coef": 0.1}, rollout={"temperature": 0.8})
         trainer = make_trainer(config)
         before = parameters(trainer.model)

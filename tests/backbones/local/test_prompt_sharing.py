@@ -153,7 +153,7 @@ def test_a_step_with_shared_prompts_trains_the_same_weights(extra):
 
 # -- where it is off ----------------------------------------------------------------------------------
 def test_attention_without_custom_masks_runs_every_sample_whole():
-    trainer = make_trainer(make_config())
+    trainer = make_trainer(make_config(local={"update_threads": 1}))  # (one micro-batch: every one shares)
     assert trainer._shares_prompts
     config = trainer.model.config
     for attention in ("flash_attention_2", "flex_attention"):
@@ -165,5 +165,5 @@ def test_attention_without_custom_masks_runs_every_sample_whole():
     config.layer_types = ["full_attention"] * 2
     batches = trainer._micro_batches(group_items(1))
     assert all(batch.packing.attention_mask is not None for batch in batches)
-    off = make_trainer(make_config(local={"share_prompts": False}))
+    off = make_trainer(make_config(local={"share_prompts": False, "update_threads": 1}))
     assert all(batch.packing.attention_mask is None for batch in off._micro_batches(group_items(1)))

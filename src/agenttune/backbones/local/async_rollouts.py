@@ -78,6 +78,7 @@ class GroupPipeline:
         self._arrived = asyncio.Event()
         self._failure: BaseException | None = None
         self._started = 0
+        self._taken = 0  # batches handed to the trainer
         self.dropped = 0
 
     # -- what the training loop calls ---------------------------------------------------------------
@@ -113,6 +114,8 @@ class GroupPipeline:
                 continue
             accepted.append(group)
         accepted.sort(key=lambda group: group.order)
+        self._taken += 1
+        self._fill()
         metrics = {"async/dropped_groups": float(dropped), "async/dropped_groups_total": float(self.dropped),
                    "async/groups_in_flight": float(len(self._running)), "async/groups_waiting": float(len(self._done))}
         if self.accept is not None:
@@ -120,6 +123,11 @@ class GroupPipeline:
                             "train/dynamic_sampling_short": float(self.batch_size - len(accepted)),
                             "train/informative_groups": float(len(accepted))})
         return accepted, metrics
+
+    def ahead(self) -> bool:
+        """Whether a whole batch is already complete for the next step: the rollout cannot speed that step
+        up any more, so the update may take every core (and slow the rollout of the one after)."""
+        return len(self._done) >= self.batch_size
 
     def advance(self, version: int) -> None:
         """The rollout weights are now `version`: admit the groups it allows."""
@@ -139,7 +147,7 @@ class GroupPipeline:
 
     # -- inside -----------------------------------------------------------------------------------
     def _fill(self) -> None:
-        allowed = (self.version - self._start_version + self.bound + 1) * self.batch_size + self.dropped
+        allowed = (self.version - self._start_version + min(self.bound, self._taken) + 1) * self.batch_size + self.dropped
         while self._started < allowed:
             if not self._queued:
                 self._queued.extend((next(self._numbers), task) for task in self.next_tasks())

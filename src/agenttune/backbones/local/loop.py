@@ -9,6 +9,7 @@ frozen copy; `vllm`: its own, never asleep) that `engine.sync_weights` refreshes
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -222,7 +223,7 @@ async def training_loop(run: Run, setup: Setup) -> None:
                 setup.pipeline = GroupPipeline(
                     session.rollout, setup.order.next_batch, batch_size=config.data.train_batch_size,
                     bound=bound, version=setup.start_step, pending=setup.pending, **_group_filter(setup, config))
-                setup.update_thread = update_executor(config, setup.trainer.device, engine)
+                setup.update_thread = update_executor(setup.trainer, engine)
             try:
                 await _run_steps(run, setup, session, metrics_log, trackers)
             finally:  # groups still rolling out end before the session stops the judge and workflow processes
@@ -236,15 +237,17 @@ async def training_loop(run: Run, setup: Setup) -> None:
     _finish(run)
 
 
-def update_executor(config: Any, device: torch.device, engine: Any) -> ThreadPoolExecutor:
+def update_executor(trainer: GRPOTrainer, engine: Any) -> ThreadPoolExecutor:
     """The thread asynchronous updates run in, while the event loop serves the workflows and the engine's
-    decode thread generates. On CPU its intra-op team takes the cores the decode thread leaves
-    (`local.update_threads`): with both teams as wide as the machine, each op of either waits for
-    threads the other has preempted (issue 39: on 2 cores, 3.17 s a step against 3.53)."""
-    threads = local_options(config).update_threads
-    if device.type != "cpu":
+    decode thread generates. On CPU, when the update spreads its micro-batches over threads of its own
+    (`local.update_threads`, update_threads.py), this one only gathers them: one intra-op thread. A
+    one-thread update (`update_threads: 1`) computes here, on the cores the decode thread leaves: two
+    OpenMP teams as wide as the machine each wait, op after op, for threads the other preempted."""
+    if trainer.device.type != "cpu":
         threads = None
-    elif threads is None:
+    elif trainer.threads is not None:
+        threads = 1
+    else:
         threads = max(1, torch.get_num_threads() - (getattr(engine, "cpu_threads", None) or 0))
     return intra_op_executor("agenttune-update", threads)
 
@@ -320,8 +323,12 @@ async def _train_step_async(session: Any, setup: Setup, progress: TrainingProgre
     metrics.update(staleness_metrics(episodes, version=step - 1))
     progress.phase("training (rollouts go on)")
     # In a thread: the event loop keeps serving the gateway and the workflows meanwhile. No
-    # release_memory: the engine goes on generating during the update (vllm does not sleep).
-    update = asyncio.get_running_loop().run_in_executor(setup.update_thread, setup.trainer.step, episodes)
+    # release_memory: the engine goes on generating during the update (vllm does not sleep). On CPU
+    # the update takes the cores of its threads only when the next batch is complete already: otherwise
+    # they would starve the decode thread the next step waits for (update_threads.py).
+    threads = None if setup.pipeline.ahead() else 1
+    update = asyncio.get_running_loop().run_in_executor(
+        setup.update_thread, functools.partial(setup.trainer.step, episodes, threads=threads))
     metrics.update(await update)
     await setup.engine.sync_weights(setup.model, step)  # lands among requests in flight (partial rollouts)
     setup.pipeline.advance(step)

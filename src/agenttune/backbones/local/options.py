@@ -60,10 +60,11 @@ class LocalOptions(Section):
     )
     update_threads: int | None = Field(
         default=None, gt=0,
-        description="On CPU, asynchronous modes: the intra-op threads of the update, which runs while the hf "
-        "engine's decode thread generates. None: the cores the decode thread leaves (torch's threads minus "
-        "engine.cpu_threads, at least one): two thread teams that each want every core slow each other down. "
-        "Synchronous training updates alone, on torch's threads.",
+        description="On CPU: how many of the update's micro-batches compute at once, each on a thread of its own "
+        "with one intra-op thread (a step is split into at least 4 micro-batches per thread). Independent threads "
+        "never wait for one another, where one op's OpenMP team waits for every thread the decode thread or the "
+        "agents preempt. None: torch's thread count. 1: one micro-batch after the other on an OpenMP team (torch's "
+        "threads; asynchronous modes: the cores engine.cpu_threads leaves). Ignored off CPU.",
     )
     lora_rank: int = Field(default=0, ge=0, description="LoRA rank through peft; 0 trains all weights.")
     lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha.")

@@ -51,9 +51,10 @@ class Packing:
         return out.index_put((self.rows, self.columns), values)
 
 
-def balanced_micro_batches(units: list[Unit], token_budget: int) -> list[list[Unit]]:
+def balanced_micro_batches(units: list[Unit], token_budget: int, *, at_least: int = 1) -> list[list[Unit]]:
     """Split the units (a sample, or samples sharing their prompt) into as few micro-batches of at most
-    `token_budget` tokens as the greedy finds, with token counts as even as possible.
+    `token_budget` tokens as the greedy finds (but `at_least` of them, units permitting: the update's
+    threads take several each, update_threads.py), with token counts as even as possible.
 
     Longest first onto the least-loaded micro-batch (LPT); when a micro-batch would overflow, one more
     is opened and the greedy starts over. A unit longer than the budget gets a micro-batch of its own.
@@ -63,7 +64,7 @@ def balanced_micro_batches(units: list[Unit], token_budget: int) -> list[list[Un
     rest = sorted((unit for unit in units if len(unit) <= token_budget), key=len, reverse=True)
     if not rest:
         return oversized
-    count = math.ceil(sum(len(unit) for unit in rest) / token_budget)
+    count = max(math.ceil(sum(len(unit) for unit in rest) / token_budget), at_least - len(oversized))
     while True:
         bins = _longest_first(rest, count)
         if all(sum(len(unit) for unit in group) <= token_budget for group in bins):

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -27,6 +28,12 @@ from agenttune.backbones.local.rollout_correction import Correction, correct, no
 from agenttune.backbones.local.rollout_correction import metrics as correction_metrics
 from agenttune.backbones.local.schedule import lr_factor
 from agenttune.backbones.local.teacher import load_teacher
+from agenttune.backbones.local.update_threads import (
+    MICRO_BATCHES_PER_THREAD,
+    UpdateThreads,
+    accumulate,
+    update_threads,
+)
 from agenttune.config import AgentTuneConfig
 from agenttune.episode import Episode
 from agenttune.estimators.base import AdvantageEstimator
@@ -66,6 +73,9 @@ class GRPOTrainer:
             raise ValueError("kl_coef > 0 needs a reference model")
         trainer = config.trainer
         self.trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        threads = update_threads(config, self.device)
+        self.threads = UpdateThreads(threads) if threads > 1 else None  # CPU: micro-batches side by side
+        self._width = self.threads  # this step's (`step(threads=...)`)
         if local_options(config).optimizer_offload:
             self.optimizer: torch.optim.Optimizer = CPUOffloadAdamW(
                 self.trainable, lr=trainer.learning_rate, weight_decay=trainer.weight_decay)
@@ -83,9 +93,13 @@ class GRPOTrainer:
         )
 
     # -- the step ----------------------------------------------------------------------------------
-    def step(self, episodes: list[Episode]) -> dict[str, float]:
-        """Update the policy on these episodes; return the step's training metrics (`train/...`)."""
+    def step(self, episodes: list[Episode], *, threads: int | None = None) -> dict[str, float]:
+        """Update the policy on these episodes; return the step's training metrics (`train/...`).
+
+        `threads`: at most this many of the update's threads this step (1: its micro-batches one after
+        the other on the calling thread); None: all of them."""
         started, retries = time.perf_counter(), _allocation_retries(self.device)
+        self._width = self.threads if threads is None or threads > 1 else None
         algorithm = self.config.algorithm
         max_prompt_length, max_response_length = self.config.data.length_limits()
         advantages = step_advantages(episodes, self.estimator, zero_variance=algorithm.zero_variance_groups,
@@ -116,6 +130,7 @@ class GRPOTrainer:
         _warn_about_lengths(item_stats, max_prompt_length, max_response_length)
         elapsed = time.perf_counter() - started
         metrics["perf/train_time_s"] = elapsed
+        metrics["perf/update_threads"] = float(self._width.size if self._width is not None else 1)
         metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / elapsed if elapsed else 0.0
         if self.device.type == "cuda":
             metrics["perf/cuda_alloc_retries"] = float(_allocation_retries(self.device) - retries)
@@ -128,8 +143,9 @@ class GRPOTrainer:
             return [collate(group, self.pad_token_id, self.device)
                     for group in micro_batches(items, local.micro_batch_tokens)]
         units = share_prompts(items, local.micro_batch_tokens) if self._shares_prompts else alone(items)
+        at_least = MICRO_BATCHES_PER_THREAD * self.threads.size if self.threads is not None else 1
         return [collate_packed(group, self.pad_token_id, self.device, chunk_tokens=local.logits_chunk_tokens)
-                for group in balanced_micro_batches(units, local.micro_batch_tokens)]
+                for group in balanced_micro_batches(units, local.micro_batch_tokens, at_least=at_least)]
 
     @property
     def _shares_prompts(self) -> bool:
@@ -155,8 +171,8 @@ class GRPOTrainer:
         old = None
         if scoring_pass:
             old = []
-            for batch in batches:
-                logprobs, entropy = self._logprobs_without_grad(batch)
+            for batch, (logprobs, entropy) in zip(batches, self._map(self._logprobs_without_grad, batches),
+                                                   strict=True):
                 batch.fill_missing_logprobs(logprobs)
                 _record_first_pass(totals, batch, logprobs, entropy)
                 old.append(logprobs)
@@ -198,9 +214,11 @@ class GRPOTrainer:
         masks = [c.mask for c in corrections] if corrections else [batch.mask for batch in batches]
         total_tokens = sum(int(mask.sum()) for mask in masks)
         total_rows = sum(batch.input_ids.shape[0] for batch in batches)
-        stats = {"updates": 1.0}
-        self.optimizer.zero_grad(set_to_none=True)
-        for index, batch in enumerate(batches):
+
+        def micro_batch(index: int) -> tuple[torch.Tensor, dict[str, float]]:
+            """The micro-batch's loss (its share of the update's) and its statistics."""
+            batch = batches[index]
+            stats: dict[str, float] = {}
             logprobs, entropy = token_logprobs(
                 self.model, batch, temperature=self._temperature, with_entropy=record_first_pass
             )
@@ -211,25 +229,41 @@ class GRPOTrainer:
                                                      applied, teacher[index] if teacher is not None else None)
             if teacher is not None:  # the sampled reverse KL to the teacher, before this update
                 gap = (logprobs.detach() - teacher[index]) * mask
-                stats["teacher_kl_sum"] = stats.get("teacher_kl_sum", 0.0) + float(gap.sum())
+                stats["teacher_kl_sum"] = float(gap.sum())
             per_token = policy_loss
 
-            def share(values: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
+            def share(values: torch.Tensor) -> torch.Tensor:
                 return aggregate(values, mask, self.policy_loss.loss_agg_mode or algorithm.loss_agg_mode,
                                  total_tokens=total_tokens, total_sequences=total_rows)
 
             if reference is not None:
                 kl = kl_penalty(logprobs, reference[index], algorithm.kl_estimator)
                 per_token = per_token + algorithm.kl_coef * kl
-                stats["kl_sum"] = stats.get("kl_sum", 0.0) + float((kl.detach() * mask).sum())
+                stats["kl_sum"] = float((kl.detach() * mask).sum())
             loss = share(per_token)
-            loss.backward()
-            stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
-            stats["pg_loss"] = stats.get("pg_loss", 0.0) + float(share(policy_loss.detach()))
-            stats["clipped_tokens"] = stats.get("clipped_tokens", 0.0) + float((clipped * mask).sum())
-            stats["trained_tokens"] = stats.get("trained_tokens", 0.0) + float(mask.sum())
+            stats["loss"] = float(loss.detach())
+            stats["pg_loss"] = float(share(policy_loss.detach()))
+            stats["clipped_tokens"] = float((clipped * mask).sum())
+            stats["trained_tokens"] = float(mask.sum())
             if record_first_pass:
                 _record_first_pass(stats, batch, logprobs.detach(), entropy)
+            return loss, stats
+
+        def with_gradients(index: int) -> tuple[tuple[torch.Tensor | None, ...], dict[str, float]]:
+            loss, stats = micro_batch(index)
+            return torch.autograd.grad(loss, self.trainable, allow_unused=True), stats
+
+        stats = {"updates": 1.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._width is None:
+            for index in range(len(batches)):
+                loss, micro_stats = micro_batch(index)
+                loss.backward()
+                _add_stats(stats, micro_stats)
+        else:  # each micro-batch's gradients are added in micro-batch order (update_threads.py)
+            for gradients, micro_stats in self._width.map(with_gradients, range(len(batches))):
+                accumulate(self.trainable, gradients)
+                _add_stats(stats, micro_stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.trainer.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()
@@ -285,6 +319,10 @@ class GRPOTrainer:
     def _temperature(self) -> float:
         return self.config.rollout.temperature
 
+    def _map(self, function: Callable[[Batch], Any], batches: list[Batch]) -> Iterator[Any]:
+        """`function` of each micro-batch, in order: side by side on the update's threads when it has them."""
+        return self._width.map(function, batches) if self._width is not None else map(function, batches)
+
     @torch.no_grad()
     def _logprobs_without_grad(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logprobs(self.model, batch, temperature=self._temperature, with_entropy=True)
@@ -307,6 +345,8 @@ class GRPOTrainer:
         """The end of the run: a distillation teacher's engine (a vLLM engine, a server's client) goes."""
         if self.teacher is not None:
             self.teacher.close()
+        if self.threads is not None:
+            self.threads.close()
 
 
 def _split(count: int, parts: int) -> Iterator[list[int]]:
