@@ -73,15 +73,20 @@ def measure(args: argparse.Namespace, share: bool, threads: int) -> dict:
             "micro_batches": metrics["train/micro_batches"], "weights": weights}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_step_shape(parser: argparse.ArgumentParser) -> None:
+    """The model and the step's shape (bench/update_threads.py trains the same step)."""
     parser.add_argument("--model", default="tiny://default")
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=310)
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_shape(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))

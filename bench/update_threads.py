@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from shared_prompts import step_episodes  # noqa: E402  (the same step shape)
+from shared_prompts import add_step_shape, step_episodes  # noqa: E402  (the same step)
 
 
 class BusyThread:
@@ -96,13 +96,9 @@ def measure(args: argparse.Namespace, *, team: int, update_threads: int, busy: b
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny://default")
-    parser.add_argument("--groups", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=310)
+    add_step_shape(parser)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
