@@ -7,7 +7,8 @@ A step's samples as a GRPO step on an agent gets them: `--groups` tasks, `--repe
 the task's `--prompt`-token prompt (system prompt, tools, question) and answer with 15-70 tokens, some
 with inserted tool output (untrained). The model is `--model` (default `tiny://default`, the quickstart's
 0.7M-parameter Qwen2). Each configuration trains the same steps from the same weights, `--steps` times
-after one warm-up step, on `--threads` intra-op threads (1 and 2 by default); printed per configuration:
+after one warm-up step, on an OpenMP team of `--threads` (1 and 2 by default; `local.update_threads: 1`,
+bench/update_threads.py compares the update's own threads); printed per configuration:
 the median step time, the tokens the model ran on, and the ratio whole / shared. Both configurations end
 with the same weights (the largest difference is printed: float summation order only).
 """
@@ -56,7 +57,8 @@ def measure(args: argparse.Namespace, share: bool, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     config = load_config({"model": {"path": args.model}, "trainer": {"learning_rate": 1e-4},
-                          "local": {"share_prompts": share, "micro_batch_tokens": args.micro_batch_tokens}})
+                          "local": {"share_prompts": share, "micro_batch_tokens": args.micro_batch_tokens,
+                                    "update_threads": 1}})  # one OpenMP team (bench/update_threads.py: threads)
     torch.manual_seed(0)
     model = load_policy(config, torch.device("cpu"))
     trainer = GRPOTrainer(model, config, pad_token_id=0, total_steps=args.steps + 1)
