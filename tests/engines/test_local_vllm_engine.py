@@ -493,7 +493,7 @@ def loop_setup(engine, model, calls, config, *, gate=None):
     """A Setup for one training step: a recording trainer (its step moves the weights), stand-in session/pipeline."""
     from agenttune.backbones.local.loop import Setup
 
-    def step(episodes):
+    def step(episodes, threads=None):
         calls.append("trainer.step")
         if gate is not None:
             assert gate.wait(timeout=10), "the event loop did not go on during the update"
@@ -508,7 +508,7 @@ def loop_setup(engine, model, calls, config, *, gate=None):
         return []
 
     advanced = []
-    pipeline = types.SimpleNamespace(next_batch=next_batch, advance=advanced.append)
+    pipeline = types.SimpleNamespace(next_batch=next_batch, advance=advanced.append, ahead=lambda: False)
     session = types.SimpleNamespace(config=config, record=lambda step, split, episodes: {},
                                     rollout=types.SimpleNamespace(run_tasks=run_tasks))
     setup = Setup(model=model, tokenizer=None, trainer=types.SimpleNamespace(step=step), order=types.SimpleNamespace(
