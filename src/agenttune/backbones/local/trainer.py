@@ -96,8 +96,8 @@ class GRPOTrainer:
     def step(self, episodes: list[Episode], *, threads: int | None = None) -> dict[str, float]:
         """Update the policy on these episodes; return the step's training metrics (`train/...`).
 
-        `threads`: at most this many of the update's threads this step (1: its micro-batches one after
-        the other on the calling thread); None: all of them."""
+        `threads=1`: this step's micro-batches one after the other on the calling thread (the asynchronous
+        loop leaves the other cores to the rollout); otherwise on all of the update's threads, if it has any."""
         started, retries = time.perf_counter(), _allocation_retries(self.device)
         self._width = self.threads if threads is None or threads > 1 else None
         algorithm = self.config.algorithm
