@@ -21,6 +21,7 @@ time of each configuration and its ratio to `openmp x1` in the same setting.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -80,12 +81,7 @@ def measure(args: argparse.Namespace, *, team: int, update_threads: int, busy: b
     try:
         for step in range(1, args.steps + 1):
             episodes = step_episodes(step, *shape)
-            if busy:
-                with BusyThread():
-                    started = time.perf_counter()
-                    trainer.step(episodes)
-                    times.append(time.perf_counter() - started)
-            else:
+            with BusyThread() if busy else contextlib.nullcontext():
                 started = time.perf_counter()
                 trainer.step(episodes)
                 times.append(time.perf_counter() - started)
