@@ -10,6 +10,7 @@ import ast
 import operator
 import random
 import re
+import warnings
 from typing import Any
 
 from agenttune import Judge, JudgeInput, JudgeResult
@@ -30,6 +31,11 @@ CALCULATOR_TOOL = {
 }
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+# The model's expressions are parsed as Python: "3x4" makes `ast.parse` warn on stderr before it fails
+# ("<unknown>:1: SyntaxWarning: invalid decimal literal"), which the tool already answers as an error.
+# A filter, not `catch_warnings()`, which swaps the process-wide filters while the trainer's thread uses them.
+warnings.filterwarnings("ignore", message="invalid decimal literal", category=SyntaxWarning)
 
 
 def calculate(expression: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +33,15 @@ def test_generated_tasks_are_held_out_and_the_calculator_is_safe():
     assert arithmetic.calculate("__import__('os').system('true')").startswith("error")
     assert arithmetic.calculate("9 ** 9 ** 9").startswith("error")
     assert arithmetic.parse_final_answer("The answer is -42.") == -42
+
+
+def test_the_calculator_answers_a_malformed_expression_without_a_warning_on_stderr():
+    """"3or 4" parses with a SyntaxWarning printed by the parser: the quickstart's output must not show it."""
+    code = "import arithmetic; print(arithmetic.calculate('3or 4'))"
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=QUICKSTART, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == "error: not an arithmetic expression"
+    assert done.stderr == ""
 
 
 def test_the_agent_calls_the_tool_through_the_gateway_and_is_judged(tmp_path, run_cli, write_yaml):
