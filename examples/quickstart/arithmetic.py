@@ -32,8 +32,8 @@ CALCULATOR_TOOL = {
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
-# The model's expressions are parsed as Python: "3x4" makes `ast.parse` warn on stderr before it fails
-# ("<unknown>:1: SyntaxWarning: invalid decimal literal"), which the tool already answers as an error.
+# The model's expressions are parsed as Python: "3or 4" makes `ast.parse` warn on stderr before it is
+# refused ("<unknown>:1: SyntaxWarning: invalid decimal literal"); the tool answers it as an error already.
 # A filter, not `catch_warnings()`, which swaps the process-wide filters while the trainer's thread uses them.
 warnings.filterwarnings("ignore", message="invalid decimal literal", category=SyntaxWarning)
 
