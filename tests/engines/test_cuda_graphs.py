@@ -91,6 +91,32 @@ class Pair:
         self.positions = torch.cat([self.positions, positions[:, -1:] + 1])
 
 
+def test_a_cache_trimmed_on_the_left_moves_back_into_the_storage_it_views():
+    """After the engine drops columns no row attends (`LeanCache.trim`), the cache views the storage
+    further right: the next step copies it back to column 0 (overlapping regions) and agrees."""
+    import torch
+
+    model = random_model("qwen2")
+    tokens = torch.randint(1, 97, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.inference_mode():
+        pair = Pair(model, [tokens[20:24], tokens[24:30], tokens[:20]])
+        for _ in range(2):
+            pair.step()
+        storage = pair.graphed.storage
+        assert storage.holds(pair.caches[1])
+        pair.select([0, 1])  # the 20-token row leaves (the others stay in the storage's rows) ...
+        assert storage.holds(pair.caches[1])
+        assert int(pair.attention.any(0).int().argmax()) == 14  # ... and columns 0-13 are padding
+        for cache in pair.caches:
+            cache.trim(14)
+        pair.attention = pair.attention[:, 14:]
+        assert not storage.holds(pair.caches[1])
+        for _ in range(3):
+            pair.step()
+        assert pair.graphed.storage is storage and storage.holds(pair.caches[1])
+        assert pair.caches[1].length == pair.caches[0].length == 22 - 14 + 3
+
+
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "llama"])
 def test_fixed_storage_steps_match_the_lean_pass_through_departures_joins_and_a_wider_storage(
         architecture, monkeypatch):

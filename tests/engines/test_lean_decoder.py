@@ -163,6 +163,121 @@ async def test_a_long_generation_grows_the_cache_and_matches_transformers_forwar
     assert torch.allclose(torch.tensor(generations[0].logprobs), torch.tensor(generations[1].logprobs), atol=1e-4)
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_trimmed_padding_columns_keep_the_logits_of_the_rows_that_stay_and_join(lean):
+    """A long row leaves: the columns only it used are padding for every row left, and dropping them
+    (`cache.trim`) must not change the logits of those rows or of a row joining afterwards."""
+    import torch
+    import torch.nn.functional as F
+
+    from agenttune.engines.transformers_decoder import TransformersDecoder
+
+    model = random_model("qwen3")
+    decoder = LeanDecoder(model) if lean else TransformersDecoder(model)
+    tokens = torch.randint(1, 97, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    sequences = [tokens[:30], tokens[30:34], tokens[34:40]]
+    with torch.inference_mode():
+        input_ids, attention, positions = left_padded(sequences)
+        cache = decoder.new_cache()
+        logits, positions = decoder.forward(input_ids, attention, positions, cache), positions[:, -1:] + 1
+
+        def decode_step(logits, attention, positions):
+            tokens = logits.argmax(-1)
+            for sequence, token in zip(sequences, tokens.tolist(), strict=True):
+                sequence.append(token)
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            logits = decoder.forward(tokens[:, None], attention, positions, cache)
+            assert torch.allclose(logits, reference_logits(model, sequences), atol=1e-4)
+            return logits, attention, positions + 1
+
+        for _ in range(2):
+            logits, attention, positions = decode_step(logits, attention, positions)
+        keep = [1, 2]  # the 30-token row leaves; the others started at column 24
+        cache.select(keep, torch.tensor(keep))
+        sequences[:] = [sequences[1], sequences[2]]
+        logits, attention, positions = logits[keep], attention[keep], positions[keep]
+        assert int(attention.any(0).int().argmax()) == 24
+        cache.trim(24)
+        attention = attention[:, 24:]
+        for _ in range(2):
+            logits, attention, positions = decode_step(logits, attention, positions)
+        newcomer = tokens[:17]  # longer than the trimmed rows: they are left-padded to it
+        new_ids, new_attention, new_positions = left_padded([newcomer])
+        new_cache = decoder.new_cache()
+        new_logits = decoder.forward(new_ids, new_attention, new_positions, new_cache)
+        cache.join(new_cache)
+        width = max(attention.shape[1], new_attention.shape[1])
+        attention = torch.cat([F.pad(attention, [width - attention.shape[1], 0]),
+                               F.pad(new_attention, [width - new_attention.shape[1], 0])])
+        sequences.append(list(newcomer))
+        logits, positions = torch.cat([logits, new_logits]), torch.cat([positions, new_positions[:, -1:] + 1])
+        for _ in range(2):
+            logits, attention, positions = decode_step(logits, attention, positions)
+
+
+@pytest.mark.parametrize("lean_forward", [True, False])
+async def test_the_engine_drops_the_columns_of_rows_gone_and_generates_the_same_tokens(
+        tiny_model, tiny_tokenizer, lean_forward, monkeypatch):
+    """A long prompt that finishes at once leaves a batch of short ones: its columns are trimmed
+    from the cache, and the short prompts' greedy tokens and log-probs are those of an engine that
+    keeps every column."""
+    import torch
+
+    from agenttune.engines import hf
+
+    long_prompt = ids(tiny_tokenizer, " ".join(str(number) for number in range(60)))
+    short = [ids(tiny_tokenizer, text) for text in ("Hello", "1 2 3", "What is 6 times 7?")]
+    assert len(long_prompt) - max(len(prompt) for prompt in short) >= 2 * hf.MIN_TRIMMED_COLUMNS
+
+    async def generate() -> tuple[list, float]:
+        engine = HFEngine(tiny_model, tiny_tokenizer, lean_forward=lean_forward, batch_wait_ms=20)
+        generations = await asyncio.gather(engine.generate(long_prompt, SamplingParams(temperature=0, max_tokens=1)),
+                                           *[engine.generate(prompt, SamplingParams(temperature=0, max_tokens=40))
+                                             for prompt in short])
+        assert list(engine.batch_sizes) == [4]
+        trimmed = engine.counters()["trimmed_columns"]
+        await engine.aclose()
+        return generations[1:], trimmed
+
+    trimmed_run, trimmed = await generate()
+    assert trimmed >= len(long_prompt) - max(len(prompt) for prompt in short)
+    monkeypatch.setattr(hf, "MIN_TRIMMED_COLUMNS", 1 << 30)
+    kept_run, kept = await generate()
+    assert kept == 0
+    for generation, reference in zip(trimmed_run, kept_run, strict=True):
+        assert generation.token_ids == reference.token_ids
+        assert torch.allclose(torch.tensor(generation.logprobs), torch.tensor(reference.logprobs), atol=1e-5)
+
+
+async def test_under_steady_traffic_the_cache_stays_as_wide_as_its_rows_need(tiny_model, tiny_tokenizer, monkeypatch):
+    """Clients that send their next request as soon as the last one returns keep one batch alive for
+    hundreds of steps. Each step must attend over about its rows' own length, not over every column
+    the batch has had since it started (which grows by one a step for as long as traffic lasts)."""
+    from agenttune.engines import hf
+
+    prompts = [ids(tiny_tokenizer, text) for text in ("Hello", "1 2 3", "What is 6 times 7?", "Paris", "2 + 2")]
+
+    async def client(engine, number):
+        for request in range(30):
+            sampling = SamplingParams(temperature=1.0, max_tokens=4 + number, seed=100 * number + request)
+            await engine.generate(prompts[(number + request) % len(prompts)], sampling)
+
+    async def columns_per_step() -> tuple[float, dict]:
+        engine = HFEngine(tiny_model, tiny_tokenizer)
+        await asyncio.gather(*[client(engine, number) for number in range(8)])
+        counted = engine.counters()
+        await engine.aclose()
+        return counted["columns"] / counted["decode_steps"], counted
+
+    trimmed, counted = await columns_per_step()
+    assert counted["decode_steps"] >= 4 * counted["batches"]  # batches lived long enough to matter
+    longest = max(len(prompt) for prompt in prompts) + 4 + 7  # a prompt and the largest budget
+    assert trimmed <= hf.MIN_TRIMMED_COLUMNS + 2 * longest, counted
+    monkeypatch.setattr(hf, "MIN_TRIMMED_COLUMNS", 1 << 30)
+    kept, counted = await columns_per_step()
+    assert kept > 2 * trimmed, (kept, trimmed, counted)
+
+
 def test_rows_leaving_move_only_the_rows_that_fill_their_places():
     from agenttune.engines.hf import _filling_holes
 

@@ -167,7 +167,8 @@ class InferenceEngine(Component):
         """Running totals since the engine started, for monitoring: the local backbone logs each
         step's share as `engine/*` metrics (docs/local.md). Engines that count nothing return {}.
         `hf`: batches, decode_steps, rows_decoded, rows_in_flight, decode_s, decode_cpu_s, prefilled_rows,
-        joined, graph_steps, graph_captures."""
+        joined, columns (the KV-cache width of each decode step, summed), trimmed_columns, graph_steps,
+        graph_captures."""
         return {}
 
     async def aclose(self) -> None:

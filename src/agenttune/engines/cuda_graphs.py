@@ -79,11 +79,16 @@ class StaticKV:
         return keys.data_ptr() == self.keys[0].data_ptr() and keys.shape[2] == self.columns
 
     def adopt(self, cache: LeanCache) -> None:
-        """Copy `cache`'s rows into the first rows of the storage, which it views from now on."""
+        """Copy `cache`'s rows into the first rows of the storage, which it views from now on. (A cache
+        trimmed on the left still views this storage, further right: it is copied out first, as the
+        two regions overlap.)"""
         rows, length = cache.keys[0].shape[0], cache.length
         for layer in range(len(self.keys)):
-            self.keys[layer][:rows, :, :length] = cache.keys[layer][:, :, :length]
-            self.values[layer][:rows, :, :length] = cache.values[layer][:, :, :length]
+            keys, values = cache.keys[layer][:, :, :length], cache.values[layer][:, :, :length]
+            if keys.untyped_storage().data_ptr() == self.keys[layer].untyped_storage().data_ptr():
+                keys, values = keys.clone(), values.clone()
+            self.keys[layer][:rows, :, :length] = keys
+            self.values[layer][:rows, :, :length] = values
             cache.keys[layer], cache.values[layer] = self.keys[layer][:rows], self.values[layer][:rows]
 
 

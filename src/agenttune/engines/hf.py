@@ -6,6 +6,7 @@ budget, and leaves the batch (and returns to its caller) as soon as it finishes.
 arrive while a batch decodes join it at the next step (continuous batching, up to `max_batch_size`
 rows): their prompts are prefilled together and their KV cache is left-padded to the batch's and
 appended — a multi-turn agent's second turn does not wait for the other episodes' first turns.
+Leading columns that no row attends to any more (those of rows gone) are dropped from the cache.
 A decode step is one forward pass, one batched sampling (`engines/sampling.py`: per-row settings
 as tensors built when rows join or leave) and one device-to-host copy of the step's tokens and
 logprobs; stop tokens and stop strings are then checked on the host, stop strings only for rows
@@ -44,6 +45,8 @@ from agenttune.engines.base import FinishReason, Generation, InferenceEngine, Sa
 from agenttune.engines.grammar import GrammarBook, advance
 from agenttune.engines.sampling import BatchSampler, seeded_generator, to_host
 from agenttune.engines.stopping import StopStrings, stop_token_set
+
+MIN_TRIMMED_COLUMNS = 64  # dead columns a trim waits for, at least (`HFEngine._trim_padding`)
 
 
 class HFOptions(BaseModel):
@@ -325,7 +328,7 @@ class HFEngine(InferenceEngine):
         mask = _GrowingMask(attention)
         joinable = cache.joinable
         while True:
-            self._count_step(len(active), len(active) + len(self._pending))
+            self._count_step(len(active), len(active) + len(self._pending), mask.length + 1)
             matchers = [request.matcher for request in active]
             guided = any(matcher is not None for matcher in matchers)
             forced = self.grammars.mask(logits, matchers) if guided else None
@@ -358,6 +361,8 @@ class HFEngine(InferenceEngine):
                 index = torch.tensor(order, device=device)
                 cache.select(order, index)
                 mask.select(index)
+                if joinable:
+                    self._trim_padding(cache, mask)
                 next_positions, tokens = next_positions[index], tokens[index]
                 active = [active[row] for row in order]
                 sampler = self._sampler(active, logits)
@@ -378,15 +383,31 @@ class HFEngine(InferenceEngine):
                 sampler = self._sampler(active, logits)
                 self.joined += len(newcomers)
 
-    def _count_step(self, rows: int, in_flight: int) -> None:
+    def _trim_padding(self, cache: Any, mask: _GrowingMask) -> None:
+        """Drop the leading columns that are padding in every row, once they are a quarter of the cache.
+
+        A continuous batch's columns only grow: a row joins left-padded to the batch's width, and the
+        columns of rows long gone stay as every later row's padding, which each decode step still
+        attends over (in an asynchronous run a batch lives for hundreds of steps). On CPU a trim is a
+        view; with CUDA graphs the next step copies the cache into the graphs' storage once
+        (cuda_graphs.StaticKV.adopt), hence the threshold: a copy at most when a quarter is dead."""
+        dead = mask.padding_columns()
+        if dead >= max(MIN_TRIMMED_COLUMNS, mask.length // 4):
+            cache.trim(dead)
+            mask.trim(dead)
+            self._totals["trimmed_columns"] += dead
+
+    def _count_step(self, rows: int, in_flight: int, columns: int) -> None:
         self.decode_steps.append((rows, in_flight))
         self._totals["decode_steps"] += 1
         self._totals["rows_decoded"] += rows
         self._totals["rows_in_flight"] += in_flight
+        self._totals["columns"] += columns  # the KV-cache width each row of the step attends over
 
     def counters(self) -> dict[str, float]:
         return {**self._totals, "decode_s": self.decode_wall_s, "decode_cpu_s": self.decode_cpu_s,
                 "prefilled_rows": self.prefilled_rows, "joined": self.joined,
+                "columns": self._totals["columns"], "trimmed_columns": self._totals["trimmed_columns"],
                 "graph_steps": getattr(self._decoder, "graph_steps", 0),
                 "graph_captures": getattr(self._decoder, "captures", 0)}
 
@@ -552,6 +573,15 @@ class _GrowingMask:
 
     def select(self, index: Any) -> None:
         self.buffer = self.buffer[index]
+
+    def padding_columns(self) -> int:
+        """How many leading columns no row attends to."""
+        attended = self.buffer[:, :self.length].any(0)
+        return int(attended.int().argmax()) if bool(attended.any()) else 0
+
+    def trim(self, columns: int) -> None:
+        self.buffer = self.buffer[:, columns:]
+        self.length -= columns
 
 
 def _with_ones(mask: Any, columns: int) -> Any:

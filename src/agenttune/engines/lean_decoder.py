@@ -90,6 +90,12 @@ class LeanCache:
         self.keys = [_gathered(keys, index, self.length) for keys in self.keys]
         self.values = [_gathered(values, index, self.length) for values in self.values]
 
+    def trim(self, columns: int) -> None:
+        """Drop the first `columns` columns (padding in every row): views of the same buffers, no copy."""
+        self.keys = [keys[:, :, columns:] for keys in self.keys]
+        self.values = [values[:, :, columns:] for values in self.values]
+        self.length -= columns
+
     def join(self, other: LeanCache) -> None:
         """Append `other`'s rows, both left-padded to the longer one (padding is masked out)."""
         width = max(self.length, other.length)

@@ -2,8 +2,8 @@
 
 The engine's other forward pass is engines/lean_decoder.py (llama-family models). Both show the
 engine one interface: a decoder's `new_cache()` and `forward(input_ids, attention, positions, cache)`
-(the last position's float32 logits), and a cache's `joinable`, `select(rows, index)` and
-`join(other)`.
+(the last position's float32 logits), and a cache's `joinable`, `select(rows, index)`,
+`trim(columns)` and `join(other)`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ class TransformersCache:
     def select(self, rows: list[int], index: torch.Tensor) -> None:
         """Keep only these rows, in this order (`index`: `rows` as a tensor on the cache's device)."""
         self.cache.batch_select_indices(index)
+
+    def trim(self, columns: int) -> None:
+        """Drop the first `columns` columns (padding in every row)."""
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, columns:], layer.values[:, :, columns:]
 
     def join(self, other: TransformersCache) -> None:
         """Append `other`'s rows, both left-padded to the longer one (padding is masked out)."""

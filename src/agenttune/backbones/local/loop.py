@@ -352,12 +352,15 @@ def _add_perf(metrics: dict[str, float], started: float, rollout_s: float, epoch
 
 def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """The engine's counters (`InferenceEngine.counters`) over one step as `engine/*` metrics, with
-    the `hf` engine's rows per decode step, milliseconds per decode step and batch occupancy."""
+    the `hf` engine's rows per decode step, milliseconds per decode step, KV-cache columns per decode
+    step and batch occupancy."""
     step = {name: value - before.get(name, 0.0) for name, value in after.items()}
     metrics = {f"engine/{name}": value for name, value in step.items()}
     if step.get("decode_steps"):
         metrics["engine/rows_per_decode_step"] = step["rows_decoded"] / step["decode_steps"]
         metrics["engine/decode_ms_per_step"] = 1000 * step["decode_s"] / step["decode_steps"]
+        if "columns" in step:
+            metrics["engine/columns_per_decode_step"] = step["columns"] / step["decode_steps"]
     if step.get("rows_in_flight"):
         metrics["engine/occupancy"] = step["rows_decoded"] / step["rows_in_flight"]
     return metrics
