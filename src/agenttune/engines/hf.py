@@ -388,7 +388,7 @@ class HFEngine(InferenceEngine):
 
         A continuous batch's columns only grow: a row joins left-padded to the batch's width, and the
         columns of rows long gone stay as every later row's padding, which each decode step still
-        attends over (in an asynchronous run a batch lives for hundreds of steps). On CPU a trim is a
+        attends over (under steady traffic a batch never ends). On CPU a trim is a
         view; with CUDA graphs the next step copies the cache into the graphs' storage once
         (cuda_graphs.StaticKV.adopt), hence the threshold: a copy at most when a quarter is dead."""
         dead = mask.padding_columns()
@@ -575,9 +575,9 @@ class _GrowingMask:
         self.buffer = self.buffer[index]
 
     def padding_columns(self) -> int:
-        """How many leading columns no row attends to."""
-        attended = self.buffer[:, :self.length].any(0)
-        return int(attended.int().argmax()) if bool(attended.any()) else 0
+        """How many leading columns no row attends to (every row attends to its own tokens, so the
+        first attended column exists; one read from the device)."""
+        return int(self.buffer[:, :self.length].any(0).int().argmax())
 
     def trim(self, columns: int) -> None:
         self.buffer = self.buffer[:, columns:]
