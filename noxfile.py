@@ -51,7 +51,7 @@ def fast(session: nox.Session) -> None:
     session.run("pytest", "tests", "-m", "not slow and not browser", "-n", "2", *session.posargs)
 
 
-# Every kind `agenttune plugins new` knows (agenttune/cli/plugin_template.py).
+# Every kind `agenttune plugins new` knows (agenttune/entrypoints/cli/plugin_template.py).
 TEMPLATE_KINDS = ("reader", "judge", "framework", "backbone", "engine", "parser")
 
 
@@ -161,7 +161,7 @@ def vllm(session: nox.Session) -> None:
     install_core(session, "local")
     session.install("--no-deps", VLLM)  # its requirements pull CUDA torch 2.14 and GPU kernels
     session.install(CPU_TORCH, *VLLM_CPU_IMPORTS)
-    session.run("pytest", "tests/engines/test_vllm_api.py", "tests/engines/test_local_vllm_engine.py", *session.posargs)
+    session.run("pytest", "tests/components/engines/test_vllm_api.py", "tests/components/engines/test_local_vllm_engine.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -28,7 +28,7 @@ def run(engine, prompts, steps: int, device: str, feed: list | None = None) -> t
     tokens of `feed` (another run's logits), so that paths compare on the same inputs."""
     import torch
 
-    from agenttune.engines.hf import _GrowingMask
+    from agenttune.components.engines.hf import _GrowingMask
 
     def synchronize() -> None:
         if device == "cuda":
@@ -65,10 +65,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agenttune.config import ModelConfig
-    from agenttune.engines.base import SamplingParams
-    from agenttune.engines.hf import HFEngine, _Request
-    from agenttune.model_loading import load_tokenizer, resolve_model_path
+    from agenttune.components.engines.base import SamplingParams
+    from agenttune.components.engines.hf import HFEngine, _Request
+    from agenttune.components.engines.model_loading import load_tokenizer, resolve_model_path
+    from agenttune.config.models import ModelConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -48,7 +48,7 @@ LOAD_AT_START = 0.0
 
 def instant_engine():
     """The engine every mode uses: answers every prompt at once with the same tool call."""
-    from agenttune.engines.scripted import ScriptedEngine
+    from agenttune.components.engines.scripted import ScriptedEngine
     from agenttune.testing import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
@@ -164,7 +164,7 @@ async def drive(episode: Callable[[int, list[float]], Awaitable[None]], concurre
 
 # -- the modes -------------------------------------------------------------------------------------------
 async def run_direct(concurrency: int, episodes: int) -> Result:
-    from agenttune.engines.base import SamplingParams
+    from agenttune.components.engines.base import SamplingParams
     from agenttune.gateway.rendering import ChatRenderer
     from agenttune.testing import tiny_tokenizer
 

@@ -5,7 +5,7 @@
 #
 # (.whl holds the wheels of ../shared/gpu/wheels.txt, trl==1.16.0 among them, and setup.sh.) Each stage has
 # its own time limit, so one that hangs leaves time for the rest; results land in $OUT:
-#   1. the owed checks: tests/engines/test_cuda_graphs.py, test_lean_decoder.py;
+#   1. the owed checks: tests/components/engines/test_cuda_graphs.py, test_lean_decoder.py;
 #   2. bench/local_vs_trl.py on the ~1.3 B shape (allocator retries per update in its JSON), with the packed
 #      update (the default) and with local.update_path=padded, each against TRL: training tokens/s, update
 #      time per step (max/min);
@@ -35,7 +35,7 @@ stage() {  # stage NAME SECONDS COMMAND...: run it with a limit, log to $OUT/NAM
 }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
-stage owed_tests 100 python3 -m pytest tests/engines/test_cuda_graphs.py tests/engines/test_lean_decoder.py -q -x -p no:cacheprovider
+stage owed_tests 100 python3 -m pytest tests/components/engines/test_cuda_graphs.py tests/components/engines/test_lean_decoder.py -q -x -p no:cacheprovider
 stage vs_trl_packed 100 python3 bench/local_vs_trl.py --device cuda --model "$Q15" --prompts 16 --generations 8 \
     --max-tokens 128 --json "$OUT/local_vs_trl_packed.json"
 stage vs_trl_padded 80 python3 bench/local_vs_trl.py --device cuda --model "$Q15" --prompts 16 --generations 8 \

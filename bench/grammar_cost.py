@@ -4,7 +4,7 @@
     python bench/grammar_cost.py --requests 128
 
 Three measurements:
-1. The grammar libraries side by side (the choice in src/agenttune/engines/grammar.py): the time to
+1. The grammar libraries side by side (the choice in src/agenttune/components/engines/grammar.py): the time to
    mask the vocabulary and advance the grammar, per decode step, stepping one matcher through a
    valid JSON reply token by token (xgrammar; llguidance too when it is installed).
 2. The `hf` engine's time per decode step with and without a guide: the same concurrent requests
@@ -30,7 +30,7 @@ import httpx
 import jsonschema
 import openai
 
-from agenttune.components import build_engine
+from agenttune.registry.resolution import build_engine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -19,12 +19,12 @@ import asyncio
 import json
 import time
 
-from agenttune.config import JudgeConfig
-from agenttune.judges.base import JudgeInput
+from agenttune.components.judges.base import JudgeInput
+from agenttune.config.models import JudgeConfig
 from agenttune.rollout.judging import JudgeProcesses, call_judge
-from agenttune.task import Task
 from agenttune.testing.faults import FaultyJudge
-from agenttune.workflow import WorkflowOutput
+from agenttune.workflow.base import WorkflowOutput
+from agenttune.workflow.task import Task
 
 
 def judge_input(index: int) -> JudgeInput:

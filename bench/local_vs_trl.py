@@ -73,8 +73,8 @@ class TextHashJudge(Judge):
 def run_agenttune(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
     import yaml
 
-    from agenttune.config_loader import load_config
-    from agenttune.training import train_from_config
+    from agenttune.entrypoints.train import train_from_config
+    from agenttune.registry.config_loading import load_config
 
     data = workdir / "tasks.jsonl"
     data.write_text("".join(json.dumps({"query": q}) + "\n" for q in prompts(args.prompts * args.steps)))
@@ -137,7 +137,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.components.engines.model_loading import resolve_model_path
 
     torch.manual_seed(0)
     _reset_peak_memory(args.device)
@@ -278,8 +278,8 @@ def main() -> None:
     parser.add_argument("--local", action="append", default=[], metavar="KEY=VALUE",
                         help="a local-backbone option of agenttune's (repeatable), e.g. update_path=padded")
     args = parser.parse_args()
-    from agenttune.config_loader import parse_override
     from agenttune.errors import UserError
+    from agenttune.registry.config_loading import parse_override
 
     for option in args.engine + args.rollout + args.local:
         try:

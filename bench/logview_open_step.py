@@ -31,10 +31,10 @@ from pathlib import Path
 
 import httpx
 
-from agenttune.episode import Episode, Sample
 from agenttune.logview.server import start_in_background
 from agenttune.rollout.log import RolloutLog
-from agenttune.task import Task
+from agenttune.workflow.episode import Episode, Sample
+from agenttune.workflow.task import Task
 
 
 class Vocabulary:

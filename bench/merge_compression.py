@@ -24,7 +24,7 @@ import asyncio
 import json
 import random
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config

@@ -25,8 +25,8 @@ import asyncio
 import time
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.hf import HFOptions
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.components.engines.hf import HFOptions
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing.gateways import running_gateway, tiny_config
 
 TURNS = 4
@@ -52,8 +52,8 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from agenttune.backbones.local.loop import engine_metrics
-    from agenttune.engines.hf import HFEngine
-    from agenttune.model_loading import load_model, load_tokenizer
+    from agenttune.components.engines.hf import HFEngine
+    from agenttune.components.engines.model_loading import load_model, load_tokenizer
 
     torch.manual_seed(0)
     config = tiny_config(rollout={"num_repeat": 1, "max_env_worker": args.episodes, "temperature": 1.0,

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

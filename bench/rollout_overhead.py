@@ -20,8 +20,8 @@ import asyncio
 import time
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.rollout.engine import RolloutEngine, sampling_params
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.rollout.rollout_engine import RolloutEngine, sampling_params
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

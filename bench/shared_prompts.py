@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def step_episodes(step: int, groups: int, repeat: int, prompt_tokens: int) -> list:
-    from agenttune.episode import Episode, EpisodeStatus, Sample
-    from agenttune.task import Task
+    from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+    from agenttune.workflow.task import Task
 
     rng = random.Random(step)
     episodes = []
@@ -52,8 +52,8 @@ def measure(args: argparse.Namespace, share: bool, threads: int) -> dict:
     import torch
 
     from agenttune.backbones.local.policy import load_policy
-    from agenttune.backbones.local.trainer import GRPOTrainer
-    from agenttune.config_loader import load_config
+    from agenttune.backbones.local.train_step import GRPOTrainer
+    from agenttune.registry.config_loading import load_config
 
     torch.set_num_threads(threads)
     config = load_config({"model": {"path": args.model}, "trainer": {"learning_rate": 1e-4},

@@ -44,10 +44,10 @@ NUM_REPEAT = 4
 
 def run_child(run_dir: Path, steps: int) -> None:
     """The soak run itself (in the child process); writes the journal's count at the end."""
-    from agenttune.config_loader import load_config
-    from agenttune.engines.hf import HFEngine
+    from agenttune.components.engines.hf import HFEngine
+    from agenttune.entrypoints.train import train_from_config
+    from agenttune.registry.config_loading import load_config
     from agenttune.testing.faults import JOURNAL, failing_generate
-    from agenttune.training import train_from_config
 
     HFEngine.generate = failing_generate(HFEngine.generate)  # type: ignore[method-assign]
     data = run_dir.parent / "data"
@@ -75,7 +75,7 @@ def run_child(run_dir: Path, steps: int) -> None:
 
 def watch(run_dir: Path, steps: int, limit_s: float) -> dict:
     """Start the run in a child process, sample it at each step, and report."""
-    from agenttune.process_tree import descendants, kill_tree
+    from agenttune.rollout.process_tree import descendants, kill_tree
     from agenttune.testing.faults import orphans
 
     started = time.monotonic()

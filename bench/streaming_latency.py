@@ -23,8 +23,8 @@ import time
 
 import openai
 
-from agenttune.components import build_engine
-from agenttune.engines.base import SamplingParams
+from agenttune.components.engines.base import SamplingParams
+from agenttune.registry.resolution import build_engine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -43,10 +43,10 @@ def child(args: argparse.Namespace) -> None:
 
     from agenttune.backbones.local.batching import build_items
     from agenttune.backbones.local.logprobs import token_logprobs
-    from agenttune.backbones.local.trainer import GRPOTrainer
-    from agenttune.config_loader import load_config
-    from agenttune.episode import Episode, EpisodeStatus, Sample
-    from agenttune.task import Task
+    from agenttune.backbones.local.train_step import GRPOTrainer
+    from agenttune.registry.config_loading import load_config
+    from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+    from agenttune.workflow.task import Task
 
     length, device = args.tokens, torch.device(args.device)
     shape = {key: int(value) for key, value in (part.split("=") for part in args.shape.split(","))}

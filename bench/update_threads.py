@@ -66,8 +66,8 @@ def measure(args: argparse.Namespace, *, team: int, update_threads: int, busy: b
     import torch
 
     from agenttune.backbones.local.policy import load_policy
-    from agenttune.backbones.local.trainer import GRPOTrainer
-    from agenttune.config_loader import load_config
+    from agenttune.backbones.local.train_step import GRPOTrainer
+    from agenttune.registry.config_loading import load_config
 
     torch.set_num_threads(team)
     config = load_config({"model": {"path": args.model}, "trainer": {"learning_rate": 1e-4},

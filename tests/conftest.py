@@ -1,6 +1,6 @@
 """Shared helpers for the core test suite.
 
-    register_plugin  register a plugin for one test (agenttune.pytest_plugin; plugins' test suites
+    register_plugin  register a plugin for one test (agenttune.testing.pytest_plugin; plugins' test suites
                      get it through agenttune's `pytest11` entry point)
     run_cli          run `agenttune ARGS...` in-process; returns exit code, stdout and stderr
     write_yaml       write a dict as a YAML config file into tmp_path
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agenttune.pytest_plugin import register_plugin  # noqa: F401  (also here: works before a reinstall)
+from agenttune.testing.pytest_plugin import register_plugin  # noqa: F401  (also here: works before a reinstall)
 
 # Set before anything imports `datasets` (it reads these once, at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,7 +37,7 @@ PLUGIN_VARIABLES = {"AGENTTUNE_LOAD_PLUGINS", "AGENTTUNE_DISABLE_PLUGINS", "AGEN
 def _no_agenttune_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Configuration from the caller's environment (AGENTTUNE_<SECTION>..., the plugin switches) must
     not leak into tests; other AGENTTUNE_ variables (AGENTTUNE_CACHE_DIR, ...) stay."""
-    from agenttune.config import AgentTuneConfig
+    from agenttune.config.models import AgentTuneConfig
 
     sections = {name.upper() for name in AgentTuneConfig.model_fields}
     for name in list(os.environ):
@@ -65,7 +65,7 @@ class CliResult:
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """Run the real `agenttune` entry point in this process (plugins registered by the test count)."""
-    from agenttune.cli.main import main
+    from agenttune.entrypoints.cli.main import main
 
     monkeypatch.setenv("COLUMNS", "200")  # wide rich tables: no wrapped cells in assertions
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agenttune.errors import PluginWarning
 from agenttune.plugin_api import Task, TaskReader, hookimpl
-from agenttune.plugins import PluginManager
+from agenttune.registry.manager import PluginManager
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")

@@ -16,7 +16,7 @@ from agentscope.message import Msg
 from agenttune_envservice import env_for
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.tuner import ModelTuner
+from agenttune.workflow.tuner import ModelTuner
 
 
 class AppWorldAgentWorkflow(Workflow):

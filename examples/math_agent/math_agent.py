@@ -17,7 +17,7 @@ from agenttune_agentscope.tools import execute_python_code
 from math_task import SYSTEM_PROMPT, answer_output
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.tuner import ModelTuner
+from agenttune.workflow.tuner import ModelTuner
 
 
 class MathAgentWorkflow(Workflow):

@@ -14,7 +14,7 @@ from agenttune_agentscope.tools import python_tool
 from math_task import SYSTEM_PROMPT, answer_output
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.tuner import ModelTuner
+from agenttune.workflow.tuner import ModelTuner
 
 
 class MathAgentWorkflow(Workflow):

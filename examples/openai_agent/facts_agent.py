@@ -14,7 +14,7 @@ from typing import Any
 import openai
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.tuner import ModelTuner
+from agenttune.workflow.tuner import ModelTuner
 
 SYSTEM_PROMPT = "Answer the question about a country. Look the country up first, then answer in a few words."
 

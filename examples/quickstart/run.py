@@ -61,7 +61,7 @@ def before_and_after(run_dir: Path) -> tuple[float, float] | None:
 
 
 def main(argv: list[str], data: Path = DATA, *, conversations: int = DEMO_CONVERSATIONS) -> Path:
-    from agenttune.cli.main import main as agenttune
+    from agenttune.entrypoints.cli.main import main as agenttune
 
     write_data(data, conversations=conversations)
     run_dir = (Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv

@@ -1,11 +1,11 @@
 """agenttune: train the LLM agent you already have with reinforcement learning."""
 
-from agenttune import compatibility
-from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.hookspecs import hookimpl
-from agenttune.judges.base import Judge, JudgeInput, JudgeResult
-from agenttune.task import Task
-from agenttune.workflow import Workflow, WorkflowOutput
+from agenttune.components.judges.base import Judge, JudgeInput, JudgeResult
+from agenttune.registry import compatibility
+from agenttune.registry.hookspecs import hookimpl
+from agenttune.workflow.base import Workflow, WorkflowOutput
+from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+from agenttune.workflow.task import Task
 
 __version__ = "0.2.0"
 
@@ -14,7 +14,7 @@ __version__ = "0.2.0"
 compatibility.install_shims()
 
 # Imported on first use: `import agenttune` stays light.
-_LAZY = {"Trainer": "agenttune.trainer", "ModelTuner": "agenttune.tuner", "WorkflowTask": "agenttune.task"}
+_LAZY = {"Trainer": "agenttune.entrypoints.python_api", "ModelTuner": "agenttune.workflow.tuner", "WorkflowTask": "agenttune.workflow.task"}
 
 __all__ = [
     "Episode",

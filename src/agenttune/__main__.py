@@ -1,5 +1,5 @@
 """`python -m agenttune` runs the command line."""
 
-from agenttune.cli.main import main
+from agenttune.entrypoints.cli.main import main
 
 main()

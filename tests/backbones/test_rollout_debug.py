@@ -124,3 +124,21 @@ def test_example_command_runs_with_the_tiny_model(tmp_path):
                     assert "<|im_start|>" in tokenizer.decode(ids)
             assert tokenizer.decode(sample.prompt_ids).startswith("<|im_start|>system\nAnswer the question")
     assert (run_dir / "metrics.jsonl").exists() and (run_dir / "config.yaml").exists()
+
+
+def test_a_run_resolves_its_components_once(run_cli, example_config, tmp_path, monkeypatch):
+    """`preflight` resolves the backbone, reader, workflow, judge and objective; the run carries them to
+    the backbone (`Run.components`) instead of the rollout session resolving them all again."""
+    from agenttune.registry import resolution
+
+    calls: list[str] = []
+    real = resolution.resolve
+
+    def counting(config, **options):
+        calls.append(config.backbone)
+        return real(config, **options)
+
+    monkeypatch.setattr(resolution, "resolve", counting)
+    result = run_cli("train", "--conf", example_config, "--backbone", "debug", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert calls == ["debug"]

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.config import AgentTuneConfig
-from agenttune.config_docs import generate
-from agenttune.config_loader import config_model, load_config
+from agenttune.config.models import AgentTuneConfig
+from agenttune.entrypoints.cli.config_docs import generate
 from agenttune.errors import UserError
+from agenttune.registry.config_loading import config_model, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,7 +158,7 @@ def test_plugin_sections_disappear_with_the_plugin(write_yaml):
 
 
 def test_a_backbone_owns_the_section_named_after_it(register_plugin, write_yaml):
-    from agenttune.backbones.base import Backbone
+    from agenttune.components.backbone import Backbone
 
     class Greeting(Backbone):
         name = "greeting"
@@ -230,7 +230,7 @@ def test_config_show_prints_the_resolved_yaml(run_cli, monkeypatch):
 
 
 def test_config_show_with_a_backbone_prints_its_generated_config(run_cli, register_plugin):
-    from agenttune.backbones.base import Backbone
+    from agenttune.components.backbone import Backbone
 
     class Translating(Backbone):
         name = "translating"

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agenttune.components import check_model
-from agenttune.config import AgentTuneConfig
+from agenttune.components.engines.model_loading import load_tokenizer
+from agenttune.config.models import AgentTuneConfig
 from agenttune.errors import UserError
-from agenttune.model_loading import load_tokenizer
+from agenttune.registry.resolution import check_model
 
 FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
 

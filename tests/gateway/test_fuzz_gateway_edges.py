@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agenttune.engines.base import Generation
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.base import Generation
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway
 

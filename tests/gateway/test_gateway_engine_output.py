@@ -12,8 +12,8 @@ import math
 import httpx
 import pytest
 
-from agenttune.engines.base import Generation
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.base import Generation
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway
 

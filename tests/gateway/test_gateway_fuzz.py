@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.gateway import Gateway
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config

@@ -16,9 +16,9 @@ import jsonschema
 import openai
 import pytest
 
-from agenttune.components import build_engine
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.gateway.protocol import parse_chat_request
+from agenttune.registry.resolution import build_engine
 from agenttune.testing.gateways import running_gateway, tiny_config
 
 WEATHER = {"type": "function", "function": {

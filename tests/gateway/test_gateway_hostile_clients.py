@@ -23,12 +23,12 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.gateway import Gateway
 from agenttune.gateway.rendering import PieceCache
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config
-from agenttune.webserver.limits import RateLimitedWarnings
+from agenttune.web.limits import RateLimitedWarnings
 
 TOKENIZER = tiny_tokenizer()
 TIMEOUT_S = 0.6  # the request and keep-alive timeouts of these gateways
@@ -329,8 +329,8 @@ def test_endless_headers_are_refused_431(gateway):
 
 def test_the_accept_loop_out_of_descriptors_warns_once_per_interval(monkeypatch):
     """What asyncio's accept loop reports on EMFILE (each retry, a second apart, with a traceback)."""
-    from agenttune.webserver import connections
-    from agenttune.webserver.connections import accept_errors_rate_limited
+    from agenttune.web import connections
+    from agenttune.web.connections import accept_errors_rate_limited
 
     monkeypatch.setattr(connections, "WARNINGS", RateLimitedWarnings())  # (the process's own may have fired)
 
@@ -356,8 +356,8 @@ def test_the_accept_loop_out_of_descriptors_warns_once_per_interval(monkeypatch)
 def test_uvicorns_per_request_warnings_are_rate_limited(monkeypatch):
     import logging
 
-    from agenttune.webserver import connections
-    from agenttune.webserver.connections import rate_limit_uvicorn_warnings
+    from agenttune.web import connections
+    from agenttune.web.connections import rate_limit_uvicorn_warnings
 
     monkeypatch.setattr(connections, "WARNINGS", RateLimitedWarnings())
 

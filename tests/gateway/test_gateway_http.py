@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
+from agenttune.components.engines.scripted import ScriptedEngine, scripted_logprob
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from agenttune.components.parsers.base import ReasoningParser, ToolParser
+from agenttune.components.parsers.hermes import HermesToolParser
+from agenttune.components.parsers.think import ThinkParser
 from agenttune.errors import UserError
 from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
-from agenttune.parsers.base import ReasoningParser, ToolParser
-from agenttune.parsers.hermes import HermesToolParser
-from agenttune.parsers.think import ThinkParser
 from agenttune.testing.gateways import tiny_config
 
 
 def test_tool_parser_by_name_or_reference():
     assert isinstance(tool_parser(tiny_config()), HermesToolParser)  # the default
-    reference = tiny_config(gateway={"tool_parser": "agenttune.parsers.hermes:HermesToolParser"})
+    reference = tiny_config(gateway={"tool_parser": "agenttune.components.parsers.hermes:HermesToolParser"})
     assert isinstance(tool_parser(reference), ToolParser)
     with pytest.raises(UserError, match="unknown tool parser 'nope'. Available: hermes") as raised:
         tool_parser(tiny_config(gateway={"tool_parser": "nope"}))
@@ -24,7 +24,7 @@ def test_tool_parser_by_name_or_reference():
 def test_reasoning_parser_by_name_reference_or_none():
     assert isinstance(reasoning_parser(tiny_config()), ThinkParser)  # the default
     assert reasoning_parser(tiny_config(gateway={"reasoning_parser": None})) is None
-    reference = tiny_config(gateway={"reasoning_parser": "agenttune.parsers.think:ThinkParser"})
+    reference = tiny_config(gateway={"reasoning_parser": "agenttune.components.parsers.think:ThinkParser"})
     assert isinstance(reasoning_parser(reference), ThinkParser)
     with pytest.raises(UserError, match="unknown reasoning parser 'deepseek'. Available: think"):
         reasoning_parser(tiny_config(gateway={"reasoning_parser": "deepseek"}))

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from agenttune.components import build_engine
-from agenttune.engines.base import SamplingParams
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.base import SamplingParams
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.registry.resolution import build_engine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 
@@ -146,8 +146,8 @@ async def test_refusals_before_a_stream_keep_their_status_and_failures_during_it
 
 def test_a_reply_that_starts_inside_a_think_block_the_template_opened_streams_as_reasoning():
     """Templates that open `<think>` in the prompt (Qwen3-style): the reply only closes it."""
+    from agenttune.components.parsers.think import ThinkParser
     from agenttune.gateway.streaming import DeltaStream
-    from agenttune.parsers.think import ThinkParser
 
     text = "\nweigh it up\n</think>\n\nThe answer."
     stream = DeltaStream(reasoning=ThinkParser(), tool_start=None, stops=(), prompt_opens_thinking=True)

@@ -18,7 +18,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.testing.gateways import running_gateway, tiny_config
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.testing import load_tiny_model, tiny_tokenizer
 from agenttune.testing.gateways import running_gateway
 
@@ -38,7 +38,7 @@ async def test_the_openai_client_gets_a_completion_of_text_and_of_token_ids():
 
 async def test_prompt_scores_are_the_models_own_log_probs():
     torch = pytest.importorskip("torch")
-    from agenttune.engines.hf import HFEngine
+    from agenttune.components.engines.hf import HFEngine
 
     tokenizer, model = tiny_tokenizer(), load_tiny_model()
     ids = tokenizer.encode("The weather in Paris is sunny today.", add_special_tokens=False)

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from agenttune.engines.base import Generation, SamplingParams
-from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
+from agenttune.components.engines.base import Generation, SamplingParams
+from agenttune.components.engines.scripted import ScriptedEngine, scripted_logprob
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
 

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 from test_gateway_guided import SEARCH, WEATHER, client_for, serving
 
-from agenttune.episode import _generated_runs, fit_all, fit_to_limits
+from agenttune.workflow.episode import _generated_runs, fit_all, fit_to_limits
 
 pytestmark = pytest.mark.slow  # a corpus of 24 guided calls on the tiny model
 

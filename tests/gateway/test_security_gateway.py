@@ -15,11 +15,11 @@ import httpx
 import pytest
 import structlog
 
-from agenttune.config import AgentTuneConfig
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.loopback import is_loopback
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.config.models import AgentTuneConfig
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.web.binding import is_loopback
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
 

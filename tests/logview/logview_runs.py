@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 
-from agenttune.episode import Episode, EpisodeStatus, Sample
 from agenttune.rollout.log import RolloutLog
 from agenttune.rollout.metrics import MetricsLog, step_metrics
-from agenttune.task import Task
 from agenttune.testing import tiny_tokenizer
+from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+from agenttune.workflow.task import Task
 
 SCRIPT = "<script>window.__pwned = 1</script>"
 IMG = '<img src=x onerror="window.__pwned = 2">'

@@ -8,11 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from logview_runs import step_episodes
 
-from agenttune.episode import Episode, Sample
 from agenttune.logview.step_index import Query, StepIndex, index_line, summarise
 from agenttune.rollout.log import RolloutLog
-from agenttune.task import Task
 from agenttune.testing import tiny_tokenizer
+from agenttune.workflow.episode import Episode, Sample
+from agenttune.workflow.task import Task
 
 # Keys and text that look like the markers the shortcut looks for, in places it must not be fooled.
 TRICKY = st.sampled_from(['"samples":[', ',"samples":[', ',"metrics":{', '"split":"x"', "}", "]", "{", "\\", '"', "\n", "é"])

@@ -156,7 +156,7 @@ def test_pages_of_other_sites_are_refused(served):
 def test_idle_connections_and_connections_beyond_the_cap_are_closed(tmp_path):
     import socket
 
-    from agenttune.webserver import ServerLimits
+    from agenttune.web import ServerLimits
 
     root = write_run(tmp_path / "run", steps=1, validation=False)
     with viewer(root, ServerLimits(request_timeout_s=0.5, max_connections=3)) as (url, client):

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from agenttune import Judge, JudgeInput, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.base import Generation
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus, Sample
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.components.engines.base import Generation
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.rollout.log import RolloutLog, read_records
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.workflow.episode import EpisodeStatus, Sample
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]

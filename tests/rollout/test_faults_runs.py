@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from agenttune.config_loader import load_config
+from agenttune.entrypoints.train import train_from_config
+from agenttune.registry.config_loading import load_config
 from agenttune.testing.faults import (
     JOURNAL,
     PLAN,
@@ -25,7 +26,6 @@ from agenttune.testing.faults import (
     failing_generate,
     repeat_of,
 )
-from agenttune.training import train_from_config
 
 pytest.importorskip("torch")
 
@@ -61,7 +61,7 @@ def config_for(tmp_path: Path, **sections: Any) -> Any:
 @pytest.fixture
 def faults(monkeypatch):
     """Inject engine faults into the hf engine; yield what was running before the run."""
-    from agenttune.engines.hf import HFEngine
+    from agenttune.components.engines.hf import HFEngine
 
     JOURNAL.clear()
     monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))

@@ -21,13 +21,13 @@ import pytest
 import structlog
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.rollout.metrics import step_metrics
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.faults import ORPHAN_MARK, FaultyJudge, orphans
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.workflow.episode import EpisodeStatus
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees: Linux /proc")
 
@@ -227,7 +227,7 @@ def _spawned(child: psutil.Process) -> bool:
 
 
 def test_a_judge_class_no_worker_can_import_runs_in_a_thread(caplog):
-    from agenttune.config import JudgeConfig
+    from agenttune.config.models import JudgeConfig
     from agenttune.rollout.judging import isolation_of
 
     class Local(Judge):  # defined in a function: pickle cannot find it by name
@@ -269,7 +269,7 @@ def test_a_child_a_crashed_judge_worker_left_in_a_new_session_is_gone_after_the_
     subreaper role dies with it, so the child is adopted by the trainer (a subreaper for the run),
     which kills it at the end of the run and says so."""
     from agenttune import Trainer
-    from agenttune.process_tree import is_subreaper
+    from agenttune.rollout.process_tree import is_subreaper
 
     assert orphans() == []
     config = {"model": {"path": "tiny://default", "max_model_len": 1024}, "engine": {"type": "scripted", "replies": ["42"]},

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from agenttune import Judge, JudgeInput, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.config_loader import build_config
-from agenttune.episode import EpisodeStatus
+from agenttune.registry.config_loading import build_config
 from agenttune.rollout.session import rollout_session
+from agenttune.workflow.episode import EpisodeStatus
 
 TINY = "tiny://cleanup?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
 EVENTS: list[str] = []

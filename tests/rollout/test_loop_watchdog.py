@@ -12,12 +12,12 @@ import time
 import pytest
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.rollout.metrics import step_metrics
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.workflow.episode import EpisodeStatus
 
 
 class Blocks(Workflow):

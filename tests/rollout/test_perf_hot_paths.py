@@ -18,13 +18,13 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.gateway.rendering import _compile
-from agenttune.ids import random_id
-from agenttune.rollout.engine import RolloutEngine
 from agenttune.rollout.gc import YOUNG_THRESHOLD, rollout_gc
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.web.ids import random_id
 
 TEMPLATE = """\
 {%- for message in messages -%}

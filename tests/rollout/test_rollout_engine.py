@@ -20,13 +20,13 @@ import openai
 import pytest
 
 from agenttune import Judge, JudgeInput, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.errors import UserError
-from agenttune.rollout.engine import RolloutEngine, sampling_params
 from agenttune.rollout.metrics import step_metrics
+from agenttune.rollout.rollout_engine import RolloutEngine, sampling_params
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.workflow.episode import EpisodeStatus
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up",
@@ -278,7 +278,7 @@ def replies_by_mode(tokenizer):
 @pytest.mark.slow
 @in_both
 async def test_failures_stay_in_their_episode(tokenizer, monkeypatch, processes):
-    monkeypatch.setattr("agenttune.rollout.engine.CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr("agenttune.rollout.rollout_engine.CANCEL_GRACE_S", 0.2)
     config = tiny_config(rollout={"num_repeat": 1, "max_env_worker": 32, "episode_timeout": 1.0,
                                   "agent_madness_reward": -1.0, "workflow_processes": processes},
                          judge={"timeout": 1.0})

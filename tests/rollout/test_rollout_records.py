@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from agenttune.episode import Episode, EpisodeStatus, Sample
+from agenttune.config.run import Run
 from agenttune.rollout.log import LoggedSample, RolloutLog, RolloutRecord, read_records
 from agenttune.rollout.metrics import MetricsLog, step_metrics, zero_variance_fraction
-from agenttune.run import Run
-from agenttune.task import Task
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config
+from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+from agenttune.workflow.task import Task
 
 
 def sample(response: list[int], mask: list[int], *, agent: str = "default", trainable: bool = True) -> Sample:

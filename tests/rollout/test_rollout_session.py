@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from agenttune.engines.scripted import ScriptedEngine
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.config.run import prepare_run
 from agenttune.errors import UserError
 from agenttune.rollout.session import rollout_session, run_until_done
-from agenttune.run import prepare_run
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import tiny_config
 
@@ -94,7 +94,7 @@ async def test_the_session_is_torn_down_when_the_body_raises(session_config):
 
 
 async def test_session_needs_a_workflow(session_config):
-    from agenttune.components import resolve
+    from agenttune.registry.resolution import resolve
 
     config = session_config.model_copy(update={"workflow": None})
     with pytest.raises(UserError, match="workflow is not set"):

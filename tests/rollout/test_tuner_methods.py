@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.components.frameworks.base import AgentFramework
 from agenttune.errors import PluginError
-from agenttune.frameworks.base import AgentFramework
-from agenttune.rollout.engine import RolloutEngine
-from agenttune.rollout.frameworks import FrameworkLoader
+from agenttune.rollout.framework_loader import FrameworkLoader
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
-from agenttune.tuner import ModelTuner
+from agenttune.workflow.episode import EpisodeStatus
+from agenttune.workflow.tuner import ModelTuner
 
 
 @dataclass

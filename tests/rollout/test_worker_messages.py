@@ -10,7 +10,7 @@ import pickle
 import socket
 
 from agenttune import Task
-from agenttune.engines.base import Generation, SamplingParams
+from agenttune.components.engines.base import Generation, SamplingParams
 from agenttune.gateway.channel import EpisodeRecord
 from agenttune.rollout import messages
 from agenttune.rollout.pipe import open_pipe

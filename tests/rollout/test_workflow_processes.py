@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from agenttune import Judge, JudgeResult, Task, Workflow, WorkflowOutput
-from agenttune.engines.base import Generation, InferenceEngine
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
+from agenttune.components.engines.base import Generation, InferenceEngine
+from agenttune.components.engines.scripted import ScriptedEngine
 from agenttune.errors import UserError
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.workflow.episode import EpisodeStatus
 
 
 def config_with(processes: int = 2, **rollout):

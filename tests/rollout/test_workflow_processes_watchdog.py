@@ -9,11 +9,11 @@ import time
 import pytest
 
 from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.engines.scripted import ScriptedEngine
-from agenttune.episode import EpisodeStatus
-from agenttune.rollout.engine import RolloutEngine
+from agenttune.components.engines.scripted import ScriptedEngine
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
+from agenttune.workflow.episode import EpisodeStatus
 
 
 class BlocksItsLoop(Workflow):
@@ -25,7 +25,7 @@ class BlocksItsLoop(Workflow):
 
 @pytest.mark.slow
 async def test_a_workflow_blocking_its_workers_loop_times_out_and_the_worker_is_replaced(monkeypatch):
-    monkeypatch.setattr("agenttune.rollout.engine.CANCEL_GRACE_S", 0.5)
+    monkeypatch.setattr("agenttune.rollout.rollout_engine.CANCEL_GRACE_S", 0.5)
     monkeypatch.setattr("agenttune.rollout.workers.CANCEL_ANSWER_S", 1.0)
     config = tiny_config(rollout={"num_repeat": 1, "episode_timeout": 10.0, "workflow_processes": 2,
                                   "compute_madness_checklist": []})

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from agenttune.backbones.base import Backbone
-from agenttune.component_base import Section
+from agenttune.components.backbone import Backbone
+from agenttune.config.base import Section
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from agenttune.episode import Episode
-    from agenttune.run import Run
+    from agenttune.config.run import Run
+    from agenttune.workflow.episode import Episode
 
 STEP = 1
 

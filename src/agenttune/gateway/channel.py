@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agenttune.engines.base import SamplingParams
-from agenttune.episode import Sample
+from agenttune.components.engines.base import SamplingParams
 from agenttune.gateway.reply import RequestHandler
 from agenttune.gateway.timeline import BREAK_REASONS, SampleBuilder, Timeline
+from agenttune.workflow.episode import Sample
 
 if TYPE_CHECKING:
     from agenttune.gateway.rendering import ChatRenderer

@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from agenttune.engines.base import Generation, Guide, GuideError, InferenceEngine, SamplingParams
+from agenttune.components.engines.base import Generation, Guide, GuideError, InferenceEngine, SamplingParams
+from agenttune.components.parsers.base import ReasoningParser, ToolParse, ToolParser
+from agenttune.gateway.api_errors import GatewayError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
-from agenttune.gateway.errors import GatewayError
 from agenttune.gateway.guides import guide_for
 from agenttune.gateway.madness import (
     NONSENSE,
@@ -27,8 +28,7 @@ from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import ChatResult, ChunkWriter
 from agenttune.gateway.streaming import DeltaStream
 from agenttune.gateway.timeline import Prompt, Timeline
-from agenttune.ids import random_id
-from agenttune.parsers.base import ReasoningParser, ToolParse, ToolParser
+from agenttune.web.ids import random_id
 
 # A prompt with more text than this is rendered and tokenized in a thread, so that the event loop
 # keeps answering other calls (and /health) meanwhile; shorter ones are cheaper to do in place.

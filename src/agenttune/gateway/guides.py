@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agenttune.engines.base import Guide
-from agenttune.gateway.errors import bad_request
+from agenttune.components.engines.base import Guide
+from agenttune.components.parsers.base import ToolParser
+from agenttune.components.parsers.hermes import HermesToolParser
+from agenttune.gateway.api_errors import bad_request
 from agenttune.gateway.protocol import ChatRequest
-from agenttune.parsers.base import ToolParser
-from agenttune.parsers.hermes import HermesToolParser
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Literal, overload
 
-from agenttune.config import AgentTuneConfig
+from agenttune.components.parsers.base import ReasoningParser, ToolParser
+from agenttune.config.models import AgentTuneConfig
+from agenttune.config.references import load_reference
 from agenttune.errors import PluginError, UserError
-from agenttune.parsers.base import ReasoningParser, ToolParser
-from agenttune.plugins import get_component, get_plugin_manager
-from agenttune.references import load_reference
+from agenttune.registry.manager import get_component, get_plugin_manager
 
 
 def tool_parser(config: AgentTuneConfig) -> ToolParser:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttune.gateway.errors import bad_request
+from agenttune.gateway.api_errors import bad_request
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 TEXT_PART_TYPES = {"text", "input_text", "output_text"}

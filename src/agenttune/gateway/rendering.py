@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from agenttune.errors import UserError
-from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.gateway.api_errors import GatewayError, bad_request
 
 # Invisible separators around the reply's content: never in real text, and templates copy them as they are.
 REPLY_START = "\u2063agenttune-reply\u2063"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune.gateway.errors import GatewayError
+    from agenttune.gateway.api_errors import GatewayError
     from agenttune.gateway.protocol import ChatRequest
 
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps would build one per call

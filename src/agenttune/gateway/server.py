@@ -11,7 +11,7 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions` (token ids or text; 
 `prompt_logprobs` score a prompt: text_completions.py), `GET /v1/models`, `GET /health`; each also under `/e/{key}`
 for clients that cannot set an API key. Every answer is JSON (or SSE); refusals use OpenAI's
 error shape. The HTTP server and the in-process transports call the same `handle`; the HTTP server
-first applies `agenttune.webserver`'s limits (body size, content type, timeouts, connection cap and,
+first applies `agenttune.web`'s limits (body size, content type, timeouts, connection cap and,
 for `agenttune serve`, the Host/Origin check).
 """
 
@@ -27,23 +27,23 @@ from typing import Any
 
 import structlog
 
-from agenttune.config import AgentTuneConfig
-from agenttune.engines.base import InferenceEngine, SamplingParams
+from agenttune.components.engines.base import InferenceEngine, SamplingParams
+from agenttune.config.models import AgentTuneConfig
 from agenttune.errors import UserError
+from agenttune.gateway.api_errors import GatewayError, bad_request
 from agenttune.gateway.channel import AGENT_NAME, AGENT_NAME_RULE, DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
-from agenttune.gateway.errors import GatewayError, bad_request
 from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
 from agenttune.gateway.protocol import parse_chat_request
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.reply import EVENTS, Reply
 from agenttune.gateway.responses import completion_body, completion_events, dumps
 from agenttune.gateway.text_completions import TextCompletions
-from agenttune.loopback import is_loopback
-from agenttune.webserver import ServerLimits
-from agenttune.webserver.connections import guarded_server_class, uvicorn_config
-from agenttune.webserver.limits import MIB
-from agenttune.webserver.requests import (
+from agenttune.web import ServerLimits
+from agenttune.web.binding import is_loopback
+from agenttune.web.connections import guarded_server_class, uvicorn_config
+from agenttune.web.limits import MIB
+from agenttune.web.requests import (
     BodyTooLarge,
     HostCheck,
     allowed_hosts,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agenttune.parsers.base import ReasoningParser
+from agenttune.components.parsers.base import ReasoningParser
 
 _ARGUMENT_FRAGMENT = 24  # characters of a tool call's arguments per chunk
 

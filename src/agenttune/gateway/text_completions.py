@@ -1,6 +1,6 @@
 """`POST /v1/completions`: a prompt (token ids or text) continued, scored, or both.
 
-What an on-policy distillation teacher asks a server for (losses/distillation.py): the log-prob of
+What an on-policy distillation teacher asks a server for (components/losses/distillation.py): the log-prob of
 every prompt token, in vLLM's two shapes. `prompt_logprobs: 0` adds `choices[0].prompt_logprobs`
 (`[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]`); the legacy `echo: true` with
 `logprobs` puts the prompt's tokens before the generated ones in `choices[0].logprobs` (the first
@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.engines.base import InferenceEngine, SamplingParams
-from agenttune.gateway.errors import GatewayError, bad_request
+from agenttune.components.engines.base import InferenceEngine, SamplingParams
+from agenttune.gateway.api_errors import GatewayError, bad_request
 from agenttune.gateway.protocol import check_sampling
-from agenttune.ids import random_id
+from agenttune.web.ids import random_id
 
 
 @dataclass(frozen=True)

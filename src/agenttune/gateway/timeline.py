@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttune.episode import Sample
 from agenttune.gateway.protocol import ChatRequest
 from agenttune.gateway.rendering import ChatRenderer
+from agenttune.workflow.episode import Sample
 
 BREAK_REASONS = {
     "tools_changed": "the request offered different tools than the previous one",

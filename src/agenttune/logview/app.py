@@ -8,7 +8,7 @@
 
 Model text only ever reaches the page as JSON; the page puts it into the DOM as text. The
 Content-Security-Policy forbids inline scripts as a second line of defence, and a Host and Origin
-check (`agenttune.webserver.requests.HostCheck`, shared with `agenttune serve`) stops other web sites
+check (`agenttune.web.requests.HostCheck`, shared with `agenttune serve`) stops other web sites
 from reading a loopback viewer through DNS rebinding.
 """
 
@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agenttune.logview.catalog import Catalog, NotFound, PathRefused, TooLarge
 from agenttune.logview.run_metrics import MetricsReader, charts
 from agenttune.logview.step_index import FAILED, SORT_KEYS, IndexCache, Query
-from agenttune.webserver.requests import HostCheck
+from agenttune.web.requests import HostCheck
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 1000

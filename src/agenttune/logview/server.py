@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agenttune.errors import UserError
-from agenttune.loopback import is_loopback
-from agenttune.webserver import ServerLimits
-from agenttune.webserver.connections import guarded_server_class, uvicorn_config
-from agenttune.webserver.requests import allowed_hosts
+from agenttune.web import ServerLimits
+from agenttune.web.binding import is_loopback
+from agenttune.web.connections import guarded_server_class, uvicorn_config
+from agenttune.web.requests import allowed_hosts
 
 if TYPE_CHECKING:
     import uvicorn

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agenttune.episode import EpisodeStatus
+from agenttune.workflow.episode import EpisodeStatus
 
 HEAD_END = b',"samples":['  # the first key after the episode's small fields
 MESSAGES = b',"messages":['  # where the conversation starts (after the token arrays)

@@ -1,7 +1,7 @@
 """Running episodes: from a batch of tasks to finished, judged `Episode`s.
 
-    engine.py    RolloutEngine: runs a batch of episodes (workflow -> gateway -> judge), in this process
-                 or in worker processes
+    rollout_engine.py  RolloutEngine: runs a batch of episodes (workflow -> gateway -> judge), in this
+                 process or in worker processes
     workers.py   WorkflowProcesses: workflows in worker processes, talking to the host over a pipe
     judging.py   calling the judge under judge.timeout and judge.memory_limit_mb: JudgeProcesses
                  (worker processes whose whole tree is killed), call_judge (a thread or the loop)
@@ -14,6 +14,8 @@
     gc.py        the garbage collector's settings while a batch runs
     log.py       the rollout log: every episode of every step, token by token, as JSON lines
     metrics.py   step metrics and metrics.jsonl
+    framework_loader.py  FrameworkLoader: the agent framework a config names, and the tuner methods it adds
+    process_tree.py  killing a process and all it started; what a run leaves behind ends with it
 
 Names are imported on first use, from the module they live in, so importing `agenttune.rollout.log`
 (the log viewer does) does not import the engine and the gateway.
@@ -25,16 +27,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune.rollout.engine import RolloutEngine, sampling_params
+    from agenttune.rollout.rollout_engine import RolloutEngine, sampling_params
     from agenttune.rollout.running import call_workflow, describe
     from agenttune.rollout.session import RolloutSession, rollout_session
-    from agenttune.tuner import call_logged
+    from agenttune.workflow.tuner import call_logged
 
 _WHERE = {
-    "RolloutEngine": "agenttune.rollout.engine",
-    "sampling_params": "agenttune.rollout.engine",
+    "RolloutEngine": "agenttune.rollout.rollout_engine",
+    "sampling_params": "agenttune.rollout.rollout_engine",
     "call_workflow": "agenttune.rollout.running",
-    "call_logged": "agenttune.tuner",
+    "call_logged": "agenttune.workflow.tuner",
     "describe": "agenttune.rollout.running",
     "RolloutSession": "agenttune.rollout.session",
     "rollout_session": "agenttune.rollout.session",

@@ -35,18 +35,18 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agenttune import process_tree
-from agenttune.episode import EpisodeStatus
+import agenttune.rollout.process_tree as process_tree
+from agenttune.config.run import get_logger
 from agenttune.errors import UserError
 from agenttune.rollout.pipe import MessagePipe, open_pipe
 from agenttune.rollout.running import describe, run_in_thread
-from agenttune.run import get_logger
+from agenttune.workflow.episode import EpisodeStatus
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from agenttune.config import JudgeConfig
-    from agenttune.judges.base import Judge, JudgeInput
+    from agenttune.components.judges.base import Judge, JudgeInput
+    from agenttune.config.models import JudgeConfig
 
 log = get_logger("judge")
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
-from agenttune.episode import Episode, Sample
+from agenttune.workflow.episode import Episode, Sample
 
 SCHEMA_VERSION = 1
 

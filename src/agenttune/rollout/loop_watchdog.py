@@ -28,7 +28,7 @@ from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttune.run import get_logger
+from agenttune.config.run import get_logger
 
 log = get_logger("rollout")
 

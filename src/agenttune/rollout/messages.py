@@ -39,9 +39,9 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, dataclass_transform
 
 if TYPE_CHECKING:
-    from agenttune.engines.base import Generation, SamplingParams
+    from agenttune.components.engines.base import Generation, SamplingParams
     from agenttune.gateway.channel import EpisodeRecord
-    from agenttune.task import Task
+    from agenttune.workflow.task import Task
 
 Outcome = Literal["ok", "cancelled", "error"]
 M = TypeVar("M", bound=type)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agenttune.episode import Episode, EpisodeStatus
+from agenttune.workflow.episode import Episode, EpisodeStatus
 
 MERGE_BREAK_PREFIX = "merge_break/"  # the gateway's per-reason counters
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from agenttune.task import Task
-    from agenttune.tuner import ModelTuner
-    from agenttune.workflow import Workflow
+    from agenttune.workflow.base import Workflow
+    from agenttune.workflow.task import Task
+    from agenttune.workflow.tuner import ModelTuner
 
 # How much of a traceback an episode keeps: the innermost frames, where the user's code failed.
 ERROR_CHARS = 4000

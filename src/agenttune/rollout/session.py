@@ -18,20 +18,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agenttune.errors import UserError
-from agenttune.rollout.engine import RolloutEngine
-from agenttune.rollout.frameworks import FrameworkLoader
+from agenttune.rollout.framework_loader import FrameworkLoader
 from agenttune.rollout.log import RolloutLog
 from agenttune.rollout.metrics import MetricsLog, step_metrics
+from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.rollout.running import run_until_done as run_until_done  # for backbones (docs/rollouts.md)
-from agenttune.task import Task
+from agenttune.workflow.task import Task
 
 if TYPE_CHECKING:
-    from agenttune.components import Components
-    from agenttune.config import AgentTuneConfig
-    from agenttune.engines.base import InferenceEngine
-    from agenttune.episode import Episode
-    from agenttune.judges.base import Judge
-    from agenttune.run import Run
+    from agenttune.components.engines.base import InferenceEngine
+    from agenttune.components.judges.base import Judge
+    from agenttune.config.models import AgentTuneConfig
+    from agenttune.config.run import Run
+    from agenttune.registry.resolution import Components
+    from agenttune.workflow.episode import Episode
 
 VALIDATION = "validation"
 
@@ -89,11 +89,11 @@ async def rollout_session(
     `engine`/`tokenizer`: bring your own (otherwise built from `config.engine` / `config.model`).
     `max_parallel`: episodes at once (default `rollout.max_env_worker`).
     """
-    from agenttune.components import build_engine, resolve
+    from agenttune.components.engines.model_loading import load_tokenizer
     from agenttune.gateway import Gateway
-    from agenttune.model_loading import load_tokenizer
+    from agenttune.registry.resolution import build_engine, components_for, resolve
 
-    components = components or resolve(config)
+    components = components or (components_for(run) if run is not None else resolve(config))
     if components.workflow_cls is None:
         raise UserError("workflow is not set.", hint="Add `workflow: my_package.my_module:MyWorkflow` to the config.")
     async with AsyncExitStack() as stack:

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from agenttune import process_tree
-from agenttune.engines.base import Generation, InferenceEngine, SamplingParams
+import agenttune.rollout.process_tree as process_tree
+from agenttune.components.engines.base import Generation, InferenceEngine, SamplingParams
 from agenttune.errors import UserError
 from agenttune.gateway.channel import EpisodeRecord
 from agenttune.rollout.messages import (
@@ -60,10 +60,10 @@ from agenttune.rollout.running import WorkflowProcessError, call_workflow, descr
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from agenttune.config import AgentTuneConfig
+    from agenttune.config.models import AgentTuneConfig
     from agenttune.gateway import Gateway
-    from agenttune.tuner import ModelTuner
-    from agenttune.workflow import Workflow
+    from agenttune.workflow.base import Workflow
+    from agenttune.workflow.tuner import ModelTuner
 
 # A worker imports agenttune, the workflow's module and its agent framework before it says ready.
 START_TIMEOUT_S = 120.0
@@ -427,7 +427,7 @@ class _Episodes:
     """A worker's episodes: its gateway, and the workflows the trainer has it run."""
 
     def __init__(self, sock: socket.socket, setup: _Setup):
-        from agenttune.rollout.frameworks import FrameworkLoader
+        from agenttune.rollout.framework_loader import FrameworkLoader
 
         self.sock = sock
         self.setup = setup
@@ -486,7 +486,7 @@ class _Episodes:
             self.stopped.set_result(None)
 
     async def _run(self, run: Run) -> None:
-        from agenttune.tuner import ModelTuner, call_logged
+        from agenttune.workflow.tuner import ModelTuner, call_logged
 
         assert self.gateway is not None
         job = run.job

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from agenttune.tiny_model import tiny_model_dir
+from agenttune.components.engines.tiny_model import tiny_model_dir
 
 __all__ = ["tiny_model_path", "tiny_tokenizer", "load_tiny_model"]  # gateways: see agenttune.testing.gateways
 

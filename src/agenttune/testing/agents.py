@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from agenttune.workflow import Workflow, WorkflowOutput
+from agenttune.workflow.base import Workflow, WorkflowOutput
 
 ADD_TOOL = {
     "type": "function",

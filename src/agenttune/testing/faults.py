@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agenttune.judges.base import Judge, JudgeInput, JudgeResult
-from agenttune.workflow import Workflow, WorkflowOutput
+from agenttune.components.judges.base import Judge, JudgeInput, JudgeResult
+from agenttune.workflow.base import Workflow, WorkflowOutput
 
 # What each fault must turn into; None is an episode with nothing injected.
 EXPECTED_STATUS = {None: "ok", "flaky": "ok", "raise": "workflow_error", "hang": "timeout",

@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from agenttune.config import AgentTuneConfig, ModelConfig
-from agenttune.config_loader import config_model
-from agenttune.engines.base import InferenceEngine
+from agenttune.components.engines.base import InferenceEngine
+from agenttune.config.models import AgentTuneConfig, ModelConfig
 from agenttune.gateway import Gateway
+from agenttune.registry.config_loading import config_model
 from agenttune.testing import tiny_tokenizer
 
 

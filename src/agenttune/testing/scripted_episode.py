@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
-from agenttune.engines.base import Generation, SamplingParams
-from agenttune.engines.scripted import ScriptedEngine, scripted_logprob
+from agenttune.components.engines.base import Generation, SamplingParams
+from agenttune.components.engines.scripted import ScriptedEngine, scripted_logprob
+from agenttune.config.models import AgentTuneConfig
 from agenttune.gateway import EpisodeChannel, Gateway
-from agenttune.rollout.frameworks import FrameworkLoader
-from agenttune.task import Task
-from agenttune.tuner import ModelTuner
+from agenttune.rollout.framework_loader import FrameworkLoader
+from agenttune.workflow.task import Task
+from agenttune.workflow.tuner import ModelTuner
 
 
 @dataclass

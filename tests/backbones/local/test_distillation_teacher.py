@@ -8,11 +8,11 @@ import random
 import httpx
 import pytest
 
-from agenttune.episode import Episode, Sample
 from agenttune.errors import UserError
-from agenttune.task import Task
 from agenttune.testing import tiny_model_path
 from agenttune.testing.gateways import serve_process
+from agenttune.workflow.episode import Episode, Sample
+from agenttune.workflow.task import Task
 
 torch = pytest.importorskip("torch")
 
@@ -47,8 +47,8 @@ def by_hand(model, episode: Episode, temperature: float) -> list[float]:
 
 def distillation_trainer(teacher_options: dict, temperature: float = 1.0):
     from agenttune.backbones.local.policy import load_policy
-    from agenttune.backbones.local.trainer import GRPOTrainer
-    from agenttune.config_loader import load_config
+    from agenttune.backbones.local.train_step import GRPOTrainer
+    from agenttune.registry.config_loading import load_config
 
     config = load_config({"model": {"path": STUDENT}, "rollout": {"temperature": temperature},
                           "algorithm": {"policy_loss": "distillation", "policy_loss_options": teacher_options}})
@@ -154,7 +154,7 @@ def test_a_served_teacher_gives_the_advantages_the_local_one_gives(teacher_serve
 
 
 def test_a_server_without_prompt_logprobs_is_a_clear_error():
-    from agenttune.engines.openai import prompt_token_logprobs
+    from agenttune.components.engines.openai import prompt_token_logprobs
 
     chat_like = {"index": 0, "text": "x", "logprobs": None, "finish_reason": "length"}
     with pytest.raises(UserError, match=r"did not return the log-probabilities of the prompt's tokens .* `vllm serve TEACHER`"):
@@ -177,7 +177,7 @@ def test_an_unreachable_teacher_server_is_a_clear_error():
 
 def served_teacher(base_url: str):
     from agenttune.backbones.local.teacher import load_teacher
-    from agenttune.losses.distillation import DistillationOptions
+    from agenttune.components.losses.distillation import DistillationOptions
 
     options = DistillationOptions(teacher="t", teacher_engine="openai", teacher_base_url=base_url)
     return load_teacher(options, _config(), None)  # type: ignore[arg-type]  # a server needs no student model
@@ -207,7 +207,7 @@ def test_a_served_teacher_keeps_one_client_for_the_run_and_closes_it(teacher_ser
 def test_teacher_engine_options_and_the_server_url_belong_to_their_engines():
     from pydantic import ValidationError
 
-    from agenttune.losses.distillation import DistillationOptions
+    from agenttune.components.losses.distillation import DistillationOptions
 
     assert DistillationOptions(teacher="t", teacher_engine="vllm",
                                teacher_engine_options={"gpu_memory_utilization": 0.3}).teacher_engine == "vllm"
@@ -229,7 +229,7 @@ def test_a_vllm_teacher_without_vllm_installed_is_a_clear_error(monkeypatch):
 
     from agenttune.backbones.local.policy import load_policy
     from agenttune.backbones.local.teacher import load_teacher
-    from agenttune.losses.distillation import DistillationOptions
+    from agenttune.components.losses.distillation import DistillationOptions
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(
@@ -248,8 +248,8 @@ def test_a_vllm_teacher_is_checked_before_vllm_starts(monkeypatch, tmp_path):
 
     from agenttune.backbones.local.policy import load_policy
     from agenttune.backbones.local.teacher import load_teacher
-    from agenttune.engines import vllm as vllm_engine
-    from agenttune.losses.distillation import DistillationOptions
+    from agenttune.components.engines import vllm as vllm_engine
+    from agenttune.components.losses.distillation import DistillationOptions
 
     started = []
     monkeypatch.setattr(vllm_engine.VLLMEngine, "scorer", classmethod(lambda cls, *a: started.append(a)))
@@ -279,7 +279,7 @@ def test_a_vllm_teacher_is_checked_before_vllm_starts(monkeypatch, tmp_path):
 def test_the_vllm_scorer_refuses_a_sleep_level_that_discards_the_teachers_weights(monkeypatch):
     import importlib.util
 
-    from agenttune.engines.vllm import VLLMEngine, VLLMOptions
+    from agenttune.components.engines.vllm import VLLMEngine, VLLMOptions
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(
@@ -290,14 +290,14 @@ def test_the_vllm_scorer_refuses_a_sleep_level_that_discards_the_teachers_weight
 
 
 def _config():
-    from agenttune.config_loader import load_config
+    from agenttune.registry.config_loading import load_config
 
     return load_config({"model": {"path": STUDENT}})
 
 
 def test_an_openai_teacher_needs_its_server_url():
-    from agenttune.components import resolve_objective
-    from agenttune.config_loader import load_config
+    from agenttune.registry.config_loading import load_config
+    from agenttune.registry.resolution import resolve_objective
 
     config = load_config({"model": {"path": STUDENT}, "algorithm": {
         "policy_loss": "distillation", "policy_loss_options": {"teacher": "t", "teacher_engine": "openai"}}})

@@ -116,7 +116,7 @@ def weights(checkpoint: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """An uninterrupted run, and one killed with SIGKILL after step 3 then resumed with --resume."""
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.components.engines.model_loading import resolve_model_path
 
     resolve_model_path(TINY)  # built once here, not by both runs at once
     root = tmp_path_factory.mktemp("crash")

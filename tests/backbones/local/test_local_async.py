@@ -18,9 +18,9 @@ import pytest
 
 from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
 from agenttune.backbones.local.loop import _check_engine
-from agenttune.episode import Episode, Sample
 from agenttune.errors import UserError
-from agenttune.task import Task
+from agenttune.workflow.episode import Episode, Sample
+from agenttune.workflow.task import Task
 
 BATCH = 4
 
@@ -174,7 +174,7 @@ async def test_a_failing_rollout_surfaces_instead_of_hanging():
 
 
 def test_asynchronous_modes_need_an_engine_that_takes_weight_updates():
-    from agenttune.engines.scripted import ScriptedEngine
+    from agenttune.components.engines.scripted import ScriptedEngine
 
     with pytest.raises(UserError, match="engine.type: hf"):
         _check_engine(ScriptedEngine(), bound=1)
@@ -195,7 +195,7 @@ def test_asynchronous_training_with_rollout_correction_turned_off_is_warned_abou
     from structlog.testing import capture_logs
 
     from agenttune.backbones.local.loop import _warn_if_uncorrected
-    from agenttune.config_loader import load_config
+    from agenttune.registry.config_loading import load_config
 
     def warnings(*overrides: str) -> list[str]:
         config = load_config(None, list(overrides))

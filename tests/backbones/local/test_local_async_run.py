@@ -34,7 +34,7 @@ BOUND = 4
 
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory) -> Path:
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.components.engines.model_loading import resolve_model_path
 
     resolve_model_path(TINY)
     root = tmp_path_factory.mktemp("async")
@@ -63,7 +63,7 @@ def test_the_run_stops_its_groups_before_its_judge_workers(crashed):
 def drawn_task_ids(run_dir: Path, count: int) -> list[str]:
     """The first `count` tasks the task order hands out (seed 3, batches of 4, as configured)."""
     from agenttune.backbones.local.task_order import TaskOrder
-    from agenttune.task import Task
+    from agenttune.workflow.task import Task
 
     rows = [json.loads(line) for line in (run_dir.parent / "project" / "train.jsonl").read_text().splitlines()]
     order = TaskOrder([Task(**row) for row in rows], batch_size=4, seed=3)

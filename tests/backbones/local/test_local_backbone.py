@@ -63,8 +63,8 @@ def write_run_files(tmp_path: Path, **overrides) -> Path:
 
 
 def train(conf: Path, run_dir: Path, *overrides: str, resume: bool = False):
-    from agenttune.config_loader import load_config
-    from agenttune.training import train_from_config
+    from agenttune.entrypoints.train import train_from_config
+    from agenttune.registry.config_loading import load_config
 
     return train_from_config(load_config(conf, list(overrides), backbone="local"), run_dir=run_dir, resume=resume)
 
@@ -157,7 +157,7 @@ def test_export_round_trips_a_lora_run(tmp_path):
 
     from peft import PeftModel
 
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.components.engines.model_loading import resolve_model_path
 
     base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TINY))
     reference = PeftModel.from_pretrained(base, str(adapter)).eval()
@@ -200,7 +200,7 @@ def test_an_engine_with_its_own_weights_sleeps_for_each_update_and_loads_the_new
         tmp_path, register_plugin, monkeypatch):
     """The loop's side of `vllm` colocation, with a real engine that records the two calls."""
     import agenttune.backbones.local as local
-    from agenttune.engines.hf import HFEngine
+    from agenttune.components.engines.hf import HFEngine
 
     events, versions = [], []
 

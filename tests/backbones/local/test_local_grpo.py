@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from agenttune.backbones.local.advantages import StepAdvantages, step_advantages
 from agenttune.backbones.local.batching import build_items, micro_batches
-from agenttune.config import AgentTuneConfig
-from agenttune.config_loader import load_config
-from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.estimators.outcome import GRPOEstimator, GRPOOptions
-from agenttune.task import Task
+from agenttune.components.estimators.outcome import GRPOEstimator, GRPOOptions
+from agenttune.config.models import AgentTuneConfig
+from agenttune.registry.config_loading import load_config
+from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+from agenttune.workflow.task import Task
 
 torch = pytest.importorskip("torch")
 
@@ -136,7 +136,7 @@ def make_config(**sections) -> AgentTuneConfig:
 
 def make_trainer(config, checkpoint=None, total_steps=4):
     from agenttune.backbones.local.policy import load_policy, reference_scope
-    from agenttune.backbones.local.trainer import GRPOTrainer
+    from agenttune.backbones.local.train_step import GRPOTrainer
 
     torch.manual_seed(0)
     model = load_policy(config, torch.device("cpu"), checkpoint=checkpoint)
@@ -320,7 +320,7 @@ def test_gradient_checkpointing_gives_the_same_update():
 
 def test_a_merged_sample_over_the_limits_is_split_at_call_boundaries():
     """Each part keeps its full prompt; a call that fits in no part is dropped and counted (issue 24)."""
-    from agenttune.episode import fit_to_limits
+    from agenttune.workflow.episode import fit_to_limits
 
     merged = Sample(prompt_ids=[1, 2, 3], response_ids=[10, 11, 90, 91, 12, 13, 14, 92, 15],
                     loss_mask=[1, 1, 0, 0, 1, 1, 1, 0, 1], logprobs=[-1.0] * 9, num_calls=3)
@@ -342,7 +342,7 @@ def test_a_merged_sample_over_the_limits_is_split_at_call_boundaries():
 def test_each_dropped_call_is_counted_under_its_own_reason():
     """4 calls too long and then 2 whose prompts are too long: counted 4 + 2, not 6 under the last reason
     (issue 36). The calls are the recorded spans: forced tokens (mask 0) inside a call do not split it."""
-    from agenttune.episode import fit_all, fit_to_limits
+    from agenttune.workflow.episode import fit_all, fit_to_limits
 
     long_call = [1, 0, 1, 1, 0, 1]  # a guided reply: forced tokens inside, one call
     mask = long_call * 4 + [0, 0] + [1, 1] + [0] + [1, 1]

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from agenttune.backbones.local.advantages import per_row, step_advantages
 from agenttune.backbones.local.async_rollouts import GroupPipeline
 from agenttune.backbones.local.dynamic_sampling import fill_batch, split_groups
-from agenttune.episode import Episode, EpisodeStatus, Sample
-from agenttune.estimators.outcome import GRPOEstimator, ReinforcePlusPlusBaselineEstimator
-from agenttune.estimators.turns import TurnGRPOEstimator
-from agenttune.objective_options import OverlongShapingOptions
-from agenttune.task import Task
+from agenttune.components.estimators.outcome import GRPOEstimator, ReinforcePlusPlusBaselineEstimator
+from agenttune.components.estimators.turns import TurnGRPOEstimator
+from agenttune.config.objective_options import OverlongShapingOptions
+from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
+from agenttune.workflow.task import Task
 
 
 def sample(generated: int = 3, calls: int = 1) -> Sample:
@@ -179,9 +179,9 @@ TINY = "tiny://h4-distil?layers=2&hidden=32&heads=2&kv_heads=1&intermediate=64&v
 def test_distillation_steps_bring_the_student_towards_the_teacher_on_its_own_tokens(tmp_path):
     torch = pytest.importorskip("torch")
     from agenttune.backbones.local.policy import load_policy, load_pretrained
-    from agenttune.backbones.local.trainer import GRPOTrainer
-    from agenttune.config_loader import load_config
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.backbones.local.train_step import GRPOTrainer
+    from agenttune.components.engines.model_loading import resolve_model_path
+    from agenttune.registry.config_loading import load_config
 
     torch.manual_seed(5)
     base = load_config({"model": {"path": TINY}})
@@ -227,10 +227,10 @@ def test_distillation_steps_bring_the_student_towards_the_teacher_on_its_own_tok
 def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
     torch = pytest.importorskip("torch")
     from agenttune.backbones.local.policy import load_policy, load_pretrained
-    from agenttune.backbones.local.trainer import GRPOTrainer
-    from agenttune.config_loader import load_config
+    from agenttune.backbones.local.train_step import GRPOTrainer
+    from agenttune.components.engines.model_loading import resolve_model_path
     from agenttune.errors import UserError
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.registry.config_loading import load_config
 
     base = load_config({"model": {"path": TINY}})
     load_pretrained(resolve_model_path("tiny://other?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64&vocab=400"),

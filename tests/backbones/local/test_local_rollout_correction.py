@@ -13,8 +13,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from agenttune.config import AgentTuneConfig
-from agenttune.rollout_correction import RolloutCorrectionOptions
+from agenttune.config.correction_options import RolloutCorrectionOptions
+from agenttune.config.models import AgentTuneConfig
 
 torch = pytest.importorskip("torch")
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agenttune.backbones.local.batching import TrainItem
-from agenttune.episode import Sample
+from agenttune.workflow.episode import Sample
 
 torch = pytest.importorskip("torch")
 

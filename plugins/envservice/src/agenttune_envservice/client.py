@@ -15,7 +15,7 @@ with `{"success": true, "data": ...}`; `GET /healthz` answers 200 when the serve
 
 Failures raise `EnvServiceError` with the endpoint, the instance and what went wrong; nothing is
 papered over with a made-up state or a 0.0 score (the reference client does that, and trains on it).
-Connection errors and 5xx answers are retried with backoff (see agenttune.http_retry); a `step`
+Connection errors and 5xx answers are retried with backoff (see agenttune.web.http_retry); a `step`
 is retried only when the server certainly did not act on it.
 """
 

@@ -36,7 +36,7 @@ class TrinityBackbone(Backbone):
         from agenttune.plugin_api import resolve
         from agenttune_trinity.launch import launch
 
-        launch(run, resolve(run.config))
+        launch(run, run.components or resolve(run.config))  # what `agenttune train` resolved, else once here
 
 
 def require_trinity() -> None:

@@ -43,7 +43,7 @@ class VerlBackbone(Backbone):
         from agenttune.plugin_api import resolve
         from agenttune_verl.launch import prepare, ray_cluster, run_trainer
 
-        components = resolve(run.config)
+        components = run.components or resolve(run.config)  # what `agenttune train` resolved, else once here
         prepare(run, components)
         with ray_cluster(run.config) as address:
             run_trainer(run, address)

@@ -4,7 +4,7 @@ This module only declares the backbone; torch, transformers and peft are importe
 so listing plugins stays fast. The pieces:
 
     loop.py         roll out -> RL step -> validate -> checkpoint, with progress and metrics
-    trainer.py      one step (advantages, policy loss, KL, micro-batches, AdamW)
+    train_step.py   one step (advantages, policy loss, KL, micro-batches, AdamW)
     options.py      the `local:` section of the config
     advantages.py   what the estimator sees          loss.py      KL penalty, token averaging
     dynamic_sampling.py  refill the batch with informative groups (DAPO)
@@ -21,13 +21,13 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from agenttune.backbones.base import Backbone
 from agenttune.backbones.local.options import LocalOptions, local_options
+from agenttune.components.backbone import Backbone
 from agenttune.errors import UserError
 
 if TYPE_CHECKING:
-    from agenttune.config import AgentTuneConfig
-    from agenttune.run import Run
+    from agenttune.config.models import AgentTuneConfig
+    from agenttune.config.run import Run
 
 REQUIRED = {"torch": "torch", "transformers": "transformers", "matplotlib": "matplotlib"}
 SUPPORTED_ENGINES = ("hf", "vllm")
@@ -62,7 +62,7 @@ class LocalBackbone(Backbone):
             raise UserError(f"local.warmup.data: {warmup!r} does not exist.",
                             hint="Point it at a JSONL file of demonstration conversations, or remove the key.")
         from agenttune.backbones.local.monitor import check_trackers
-        from agenttune.plugins import get_component
+        from agenttune.registry.manager import get_component
 
         check_trackers(config)
         estimator = get_component("advantage_estimators", config.algorithm.adv_estimator, key="algorithm.adv_estimator")

@@ -1,6 +1,6 @@
 """A step's advantages: its episodes grouped, scored and handed to the configured estimator.
 
-The estimator (`agenttune.estimators`) does the arithmetic; this module decides what it sees. Failed
+The estimator (`agenttune.components.estimators`) does the arithmetic; this module decides what it sees. Failed
 episodes are left out (a crash says nothing about the policy) and counted. Groups without a
 learning signal (the estimator's `informative` test: for grpo, every episode the same reward) are
 kept with the advantage the estimator gives them (`zero_variance_groups: keep`, verl's behaviour:
@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agenttune.episode import Episode
-from agenttune.estimators.base import AdvantageEstimator, Scored
-from agenttune.objective_options import OverlongShapingOptions
+from agenttune.components.estimators.base import AdvantageEstimator, Scored
+from agenttune.config.objective_options import OverlongShapingOptions
+from agenttune.workflow.episode import Episode
 
 
 @dataclass

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agenttune.episode import Episode
-from agenttune.run import get_logger
-from agenttune.task import Task
+from agenttune.config.run import get_logger
+from agenttune.workflow.episode import Episode
+from agenttune.workflow.task import Task
 
 log = get_logger("local")
 

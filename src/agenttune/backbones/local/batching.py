@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agenttune.episode import Episode, fit_to_limits
+from agenttune.workflow.episode import Episode, fit_to_limits
 
 
 @dataclass

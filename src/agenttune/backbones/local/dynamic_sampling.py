@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 
 from agenttune.backbones.local.advantages import scored_groups
-from agenttune.episode import Episode
-from agenttune.estimators.base import AdvantageEstimator
-from agenttune.objective_options import OverlongShapingOptions
+from agenttune.components.estimators.base import AdvantageEstimator
+from agenttune.config.objective_options import OverlongShapingOptions
+from agenttune.workflow.episode import Episode
 
 
 def split_groups(episodes: Iterable[Episode]) -> list[list[Episode]]:

@@ -34,16 +34,16 @@ from agenttune.backbones.local.policy import (
 from agenttune.backbones.local.progress import TrainingProgress
 from agenttune.backbones.local.report import PLOT_NAME, plot_curves, summary_table
 from agenttune.backbones.local.task_order import TaskOrder
-from agenttune.backbones.local.trainer import GRPOTrainer
-from agenttune.engines.hf import intra_op_executor
-from agenttune.episode import Episode
+from agenttune.backbones.local.train_step import GRPOTrainer
+from agenttune.components.engines.hf import intra_op_executor
+from agenttune.components.engines.model_loading import load_tokenizer, resolve_model_path
+from agenttune.config.run import Run, get_logger
 from agenttune.errors import UserError
-from agenttune.model_loading import load_tokenizer, resolve_model_path
-from agenttune.rollout.engine import sampling_params
 from agenttune.rollout.log import RolloutLog
 from agenttune.rollout.metrics import MetricsLog
-from agenttune.run import Run, get_logger
-from agenttune.task import Task
+from agenttune.rollout.rollout_engine import sampling_params
+from agenttune.workflow.episode import Episode
+from agenttune.workflow.task import Task
 
 log = get_logger("local")
 
@@ -78,11 +78,11 @@ def train(run: Run) -> None:
 
 # -- setup ------------------------------------------------------------------------------------------
 def prepare(run: Run) -> Setup:
-    from agenttune.components import resolve
+    from agenttune.registry.resolution import components_for
 
     config = run.config
     _seed_everything(config.trainer.seed)
-    components = resolve(config)
+    components = components_for(run)
     train_tasks = _read(components, config.task_reader.train_split)
     validation = _read(components, config.task_reader.validation_split) if config.task_reader.validation_split else []
     if config.data.val_batch_size:
@@ -203,7 +203,7 @@ def _seed_everything(seed: int) -> None:
 
 # -- the loop ---------------------------------------------------------------------------------------
 async def training_loop(run: Run, setup: Setup) -> None:
-    from agenttune.components import build_engine, engine_class
+    from agenttune.registry.resolution import build_engine, engine_class
     from agenttune.rollout.session import rollout_session
 
     config = run.config
@@ -383,7 +383,7 @@ def rollout_model(model: torch.nn.Module, bound: int | None, *, engine_copies: b
 def _warn_if_uncorrected(config: Any, bound: int | None) -> None:
     """Tokens sampled by older weights are trained as if on-policy unless rollout correction weighs them
     (verl, AReaL and slime all pair asynchronous training with it). Asynchronous modes turn it on by
-    default (config.py); this warns when the user turned it off. The quickstart at max_staleness 2
+    default (config/models.py); this warns when the user turned it off. The quickstart at max_staleness 2
     without it once peaked at 100 % held-out and fell to 56 % by step 20 (docs/local.md)."""
     correction = config.algorithm.rollout_correction
     if bound and not (correction.rollout_is or correction.rollout_rs or correction.bypass_mode):

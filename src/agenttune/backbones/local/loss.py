@@ -1,4 +1,4 @@
-"""What the local trainer adds to the policy loss (`agenttune.losses`): the KL penalty, and how tokens are averaged.
+"""What the local trainer adds to the policy loss (`agenttune.components.losses`): the KL penalty, and how tokens are averaged.
 
 All functions take per-token tensors of shape [rows, tokens] with a 0/1 `mask` marking the tokens
 that are trained on (the model's own generated tokens).
@@ -10,7 +10,7 @@ from typing import Literal
 
 import torch
 
-from agenttune.losses.base import LossAggregation
+from agenttune.components.losses.base import LossAggregation
 
 KLEstimator = Literal["k1", "k3"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from agenttune.config import AgentTuneConfig
+from agenttune.config.models import AgentTuneConfig
+from agenttune.config.run import Run, get_logger
 from agenttune.errors import UserError
-from agenttune.run import Run, get_logger
 
 log = get_logger("local.monitor")
 

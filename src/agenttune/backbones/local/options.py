@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from agenttune.component_base import Section
+from agenttune.config.base import Section
 
 if TYPE_CHECKING:
-    from agenttune.config import AgentTuneConfig
+    from agenttune.config.models import AgentTuneConfig
 
 
 class WarmupOptions(Section):

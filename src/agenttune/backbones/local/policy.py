@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from agenttune.backbones.local.options import local_options
-from agenttune.config import AgentTuneConfig
+from agenttune.components.engines.model_loading import resolve_model_path, torch_dtype
+from agenttune.config.models import AgentTuneConfig
+from agenttune.config.run import get_logger
 from agenttune.errors import UserError
-from agenttune.model_loading import resolve_model_path, torch_dtype
-from agenttune.run import get_logger
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agenttune.rollout_correction import RolloutCorrectionOptions, is_bounds, rs_bounds, rs_criteria
+from agenttune.config.correction_options import RolloutCorrectionOptions, is_bounds, rs_bounds, rs_criteria
 
 # exp(±20) bounds every exponent, as verl does: weights stay finite on outliers.
 SAFETY_BOUND = 20.0

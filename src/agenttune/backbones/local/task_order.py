@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agenttune.task import Task
+from agenttune.workflow.task import Task
 
 
 @dataclass

@@ -3,7 +3,7 @@
 `teacher_engine: hf` loads the teacher beside the student and scores the same packed batches at the
 same temperature. The other two score each row's token ids, prompt and response, as one prompt
 with an engine's `prompt_logprobs`, at temperature 1 (the teacher's own distribution):
-`teacher_engine: vllm` with an in-process vLLM engine of its own (engines/vllm.py's `scorer`, asleep
+`teacher_engine: vllm` with an in-process vLLM engine of its own (components/engines/vllm.py's `scorer`, asleep
 between steps at sleep_level 1), `teacher_engine: openai` with an OpenAI-compatible server that
 returns prompt log-probs (`vllm serve TEACHER`, `agenttune serve --model TEACHER`).
 
@@ -22,10 +22,10 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from agenttune.backbones.local.logprobs import Batch, token_logprobs
-from agenttune.config import AgentTuneConfig
-from agenttune.engines.base import InferenceEngine
+from agenttune.components.engines.base import InferenceEngine
+from agenttune.config.models import AgentTuneConfig
+from agenttune.config.run import get_logger
 from agenttune.errors import UserError
-from agenttune.run import get_logger
 
 log = get_logger("local")
 
@@ -124,7 +124,7 @@ def load_teacher(options: Any, config: AgentTuneConfig, student: torch.nn.Module
                     f"rollout.temperature {config.rollout.temperature}: the reverse KL compares the two")
     if options.teacher_engine == "vllm":
         return _vllm_teacher(options, config, student)
-    from agenttune.engines.openai import OpenAIEngine, OpenAIEngineOptions
+    from agenttune.components.engines.openai import OpenAIEngine, OpenAIEngineOptions
 
     served = OpenAIEngineOptions(base_url=options.teacher_base_url, api_key=options.teacher_api_key,
                                  model=options.teacher)
@@ -141,8 +141,8 @@ def _vllm_teacher(options: Any, config: AgentTuneConfig, student: torch.nn.Modul
     """The teacher in a vLLM engine of its own (`teacher_engine_options`: the `vllm` engine's options)."""
     from pydantic import ValidationError
 
-    from agenttune.engines.vllm import VLLMEngine, VLLMOptions
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.components.engines.model_loading import resolve_model_path
+    from agenttune.components.engines.vllm import VLLMEngine, VLLMOptions
 
     try:  # sleep_level 1 unless set: weights kept in CPU memory between steps (2 would discard them)
         engine_options = VLLMOptions.model_validate({"sleep_level": 1, **options.teacher_engine_options})
@@ -170,7 +170,7 @@ def _config_vocabulary(path: str, config: AgentTuneConfig) -> int:
 def _local_model(path: str, config: AgentTuneConfig, student: torch.nn.Module) -> torch.nn.Module:
     """The teacher model, frozen, on the student's device; it must read the student's token ids."""
     from agenttune.backbones.local.policy import load_pretrained
-    from agenttune.model_loading import resolve_model_path
+    from agenttune.components.engines.model_loading import resolve_model_path
 
     teacher = load_pretrained(resolve_model_path(path), config, next(student.parameters()).device)
     _check_vocabulary(path, _vocabulary(teacher), config, student)

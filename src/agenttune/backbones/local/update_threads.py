@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 from agenttune.backbones.local.options import local_options
-from agenttune.engines.hf import intra_op_executor
+from agenttune.components.engines.hf import intra_op_executor
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

@@ -1,0 +1,123 @@
+"""`agenttune serve`: the configured model and engine as a standalone OpenAI-compatible server.
+
+    agenttune serve --model tiny://default             # http://127.0.0.1:8000/v1 until Ctrl-C
+    agenttune serve --conf train.yaml --port 9000      # the training config's model, engine, gateway
+
+Point an agent at the printed base URL to debug it before training: it gets the same gateway
+(template, tool and reasoning parsers, tool_choice and response_format, streaming) and the same
+engine the rollouts will use. Any API key is accepted; each distinct key is one conversation
+(`key.agent` files calls under an agent, as in training), recorded like an episode to
+`<run_dir>/rollouts/step_000000_serve.jsonl`, which `agenttune logview <run_dir>` shows token by token.
+The file is rewritten whole (atomically) a second after calls finish, and when the server stops;
+the writing runs in a thread, so the server keeps answering meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agenttune.config.models import AgentTuneConfig
+from agenttune.rollout.log import RolloutLog
+from agenttune.workflow.episode import Episode
+from agenttune.workflow.task import Task
+
+SPLIT = "serve"
+FLUSH_INTERVAL_S = 1.0
+
+
+class ServeRecorder:
+    """Writes every conversation the gateway has served to the rollout log, as episodes."""
+
+    def __init__(self, gateway: Any, log: RolloutLog, tokenizer: Any):
+        self.gateway, self.log, self.tokenizer = gateway, log, tokenizer
+        self.started = time.time()
+        self._written_calls = 0
+        self._episodes: dict[str, tuple[tuple, Episode]] = {}  # per conversation, until it changes
+        self._writing = threading.Lock()  # the last write (at stop) waits for one still in its thread
+
+    def calls(self) -> int:
+        return sum(int(channel.counters["calls"]) for channel in self.gateway.channels())
+
+    def flush(self) -> Path | None:
+        """Rewrite the log when calls finished since the last write; returns its path when written."""
+        episodes = self._changed()
+        return self._write(episodes) if episodes is not None else None
+
+    def _changed(self) -> list[Episode] | None:
+        """Every conversation as an episode, when calls finished since the last look (on the event loop:
+        the channels change there); only the conversations that changed are built anew."""
+        calls = self.calls()
+        if calls == self._written_calls:
+            return None
+        self._written_calls = calls
+        return [self._episode(channel) for channel in self.gateway.channels()]
+
+    def _write(self, episodes: list[Episode]) -> Path:
+        with self._writing:
+            return self.log.replace(0, SPLIT, episodes, self.tokenizer)
+
+    def _episode(self, channel: Any) -> Episode:
+        version = tuple(channel.counters.items())
+        cached = self._episodes.get(channel.key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        record = channel.record()
+        first_user = next((message["content"] for message in record.messages if message["role"] == "user"), "")
+        episode = Episode(episode_id=channel.episode_id, task=Task(task_id=channel.episode_id, query=first_user),
+                          group_id=SPLIT, samples=record.samples, messages=record.messages, metrics=record.metrics,
+                          started_at=self.started)
+        self._episodes[channel.key] = (version, episode)
+        return episode
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            episodes = self._changed()
+            if episodes is not None:  # (serialising thousands of samples would stall every client)
+                await asyncio.to_thread(self._write, episodes)
+
+
+async def serve(config: AgentTuneConfig, run_dir: Path, *, ready: Any = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or SIGINT / SIGTERM); `ready(base_url)` is called once listening."""
+    from agenttune.components.engines.model_loading import load_tokenizer
+    from agenttune.gateway import Gateway
+    from agenttune.registry.resolution import build_engine
+
+    tokenizer = load_tokenizer(config.model)
+    engine = build_engine(config, tokenizer)
+    stop = stop or asyncio.Event()
+    try:
+        async with Gateway(engine, tokenizer, config, open_access=True) as gateway:
+            recorder = ServeRecorder(gateway, RolloutLog(run_dir / "rollouts"), tokenizer)
+            flushing = asyncio.create_task(recorder.run(), name="agenttune-serve-log")
+            with _signals_set(stop):
+                if ready is not None:
+                    ready(gateway.base_url)
+                await stop.wait()
+            flushing.cancel()
+            recorder.flush()
+    finally:
+        await engine.aclose()
+
+
+@contextlib.contextmanager
+def _signals_set(stop: asyncio.Event):
+    """Ctrl-C and SIGTERM end the server cleanly (the log is written) instead of killing it."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
