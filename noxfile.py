@@ -39,14 +39,15 @@ def install_core(session: nox.Session, *extras: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The core: plugin system, config, CLI, gateway, rollouts, the debug and local backbones."""
-    install_core(session, "local", "guided")  # guided: the hf engine's tool_choice/response_format tests
+    # guided: the hf engine's tool_choice/response_format tests; tinker: tests/entrypoints/tinker's SDK
+    install_core(session, "local", "guided", "tinker")
     session.run("pytest", "tests", *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)
 def fast(session: nox.Session) -> None:
     """The core's quick tests: not `slow` (end-to-end runs, worker processes, fuzzing, installs), not `browser`."""
-    install_core(session, "local", "guided")
+    install_core(session, "local", "guided", "tinker")
     session.install("pytest-xdist>=3.5")
     session.run("pytest", "tests", "-m", "not slow and not browser", "-n", "2", *session.posargs)
 
@@ -86,8 +87,9 @@ def lint(session: nox.Session) -> None:
     no plugin imported by the core, plugins only through agenttune.plugin_api)."""
     # mypy reads the core's typed dependencies (torch, transformers, pydantic, ...) from this
     # environment; the plugins' own libraries (verl, trinity, agent frameworks) conflict with each
-    # other and are listed as untyped in pyproject.toml instead. `guided`: engines/grammar.py imports xgrammar.
-    install_core(session, "local", "guided")
+    # other and are listed as untyped in pyproject.toml instead. `guided`: engines/grammar.py imports xgrammar;
+    # `tinker`: entrypoints/tinker/ reads the SDK's types.
+    install_core(session, "local", "guided", "tinker")
     session.install(MYPY, "types-PyYAML", IMPORT_LINTER)
     session.run("ruff", "check", "src", "tests", "plugins", "examples", "bench", "noxfile.py")
     session.run("mypy")

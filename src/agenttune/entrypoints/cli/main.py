@@ -22,6 +22,7 @@ from agenttune.entrypoints.cli import (
     model_cmd,
     plugins_cmd,
     serve_cmd,
+    tinker_cmd,
     train_cmd,
 )
 from agenttune.errors import PluginWarning, UserError
@@ -37,6 +38,7 @@ app.add_typer(plugins_cmd.app, name="plugins")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(model_cmd.app, name="model")
+app.add_typer(tinker_cmd.app, name="tinker")
 train_cmd.register(app)
 local_commands.register(app)  # export, report
 logview_cmd.register(app)

@@ -1,0 +1,90 @@
+"""`tinker://` paths as directories under the server's state directory, so they outlive the server.
+
+    tinker://<model_id>/weights/<name>           <state_dir>/<model_id>/weights/<name>/
+    tinker://<model_id>/sampler_weights/<name>   <state_dir>/<model_id>/sampler_weights/<name>/
+
+A directory holds the LoRA adapter as peft saves it (adapter_config.json, adapter_model.safetensors),
+`checkpoint.json` (the base model and LoRA settings, what `weights_info` answers) and, for `weights`,
+the optimizer's state (`optimizer.pt`). Names come from clients, so they are checked before they
+become paths: one path segment of letters, digits and `._-:`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from agenttune.entrypoints.tinker.futures import TinkerError
+
+SCHEME = "tinker://"
+Kind = Literal["weights", "sampler_weights"]
+KINDS: tuple[Kind, ...] = ("weights", "sampler_weights")
+SEGMENT = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+METADATA = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    model_id: str
+    kind: Kind
+    name: str
+    directory: Path
+
+    @property
+    def path(self) -> str:
+        return f"{SCHEME}{self.model_id}/{self.kind}/{self.name}"
+
+    def metadata(self) -> dict[str, Any]:
+        return json.loads((self.directory / METADATA).read_text())
+
+
+class CheckpointStore:
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def new(self, model_id: str, kind: Kind, name: str, *, overwrite: bool = True) -> Checkpoint:
+        """An empty directory for a checkpoint about to be written (a previous one of that name is
+        replaced when `overwrite`)."""
+        checkpoint = self._checkpoint(model_id, kind, name)
+        if checkpoint.directory.exists():
+            if not overwrite:
+                raise TinkerError(f"A checkpoint {checkpoint.path} exists; pass overwrite=True to replace it.", 409)
+            shutil.rmtree(checkpoint.directory)
+        checkpoint.directory.mkdir(parents=True)
+        return checkpoint
+
+    def write_metadata(self, checkpoint: Checkpoint, metadata: dict[str, Any]) -> None:
+        # Written last: a directory without it is a save that did not finish, and is not found.
+        (checkpoint.directory / METADATA).write_text(json.dumps(metadata, indent=1))
+
+    def prune(self, model_id: str, kind: Kind, prefix: str, keep: int) -> None:
+        """Delete all but the newest `keep` checkpoints of `model_id` whose names start with `prefix`."""
+        directory = self._checkpoint(model_id, kind, prefix + "x").directory.parent
+        found = sorted((path for path in directory.glob(prefix + "*") if path.is_dir()),
+                       key=lambda path: path.stat().st_mtime_ns)
+        for path in found[:-keep] if keep > 0 else found:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def find(self, path: str) -> Checkpoint:
+        """The saved checkpoint `path` names; a TinkerError when the path is malformed or nothing is there."""
+        if not path.startswith(SCHEME):
+            raise TinkerError(f"{path!r} is not a tinker:// path (tinker://<model_id>/weights/<name>).")
+        parts = path[len(SCHEME):].split("/")
+        if len(parts) != 3 or parts[1] not in KINDS:
+            raise TinkerError(f"{path!r} is not a checkpoint path: expected tinker://<model_id>/weights/<name> "
+                              "or tinker://<model_id>/sampler_weights/<name>.")
+        checkpoint = self._checkpoint(parts[0], parts[1], parts[2])
+        if not (checkpoint.directory / METADATA).is_file():
+            raise TinkerError(f"No checkpoint is saved at {path}.", 404)
+        return checkpoint
+
+    def _checkpoint(self, model_id: str, kind: Kind, name: str) -> Checkpoint:
+        for segment in (model_id, name):
+            if not SEGMENT.fullmatch(segment) or segment in (".", ".."):
+                raise TinkerError(f"{segment!r} cannot name a checkpoint: use letters, digits and ._-: only.")
+        return Checkpoint(model_id, kind, name, self.root / model_id / kind / name)
