@@ -33,3 +33,42 @@ def test_metrics_go_to_metrics_jsonl_and_to_tensorboard(make_config, tmp_path: P
     assert record["rollout/episodes:sum"] == 8.0
     events = list((Path(cfg.monitor.cache_dir) / "tensorboard" / "explorer").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_every_enabled_monitor_gets_the_metrics(make_config, tmp_path: Path):
+    """Trinity runs one monitor class; agenttune's hands each step to every monitor the config enables, so
+    turning on wandb (or swanlab) keeps the default tensorboard instead of silently replacing it."""
+    from agenttune_trinity.translation import monitor_inner
+    from trinity.utils.monitor import MONITOR, Monitor
+
+    assert monitor_inner(make_config(monitor={"wandb": True})) == ["tensorboard", "wandb"]
+    assert monitor_inner(make_config(monitor={"tensorboard": False, "swanlab": True, "wandb": True})) == [
+        "wandb", "swanlab"]
+    assert monitor_inner(make_config(monitor={"tensorboard": False})) is None
+
+    logged: list[tuple[str, int]] = []
+
+    class Recording(Monitor):  # a monitor as Trinity's registry builds them (group= included)
+        def __init__(self, project: str, group: str, name: str, role: str, config: object = None) -> None:
+            super().__init__(project=project, name=name, role=role, config=config)
+
+        def log(self, data: dict, step: int, commit: bool = False) -> None:
+            logged.append(("log", step))
+
+        def close(self) -> None:
+            logged.append(("close", -1))
+
+    MONITOR.register_module("agenttune_test_recording", Recording, force=True)
+    config = make_config()
+    paths = TrinityPaths.for_run(tmp_path / "run", config.model.path)
+    native = trinity_config(config, paths)
+    native["monitor"]["monitor_args"]["inner"] = ["tensorboard", "agenttune_test_recording"]
+    cfg = load_trinity_config(write_trinity_config(native, tmp_path / "run"))
+    check_and_update(cfg)
+    monitor = MONITOR.get(cfg.monitor.monitor_type)(project=cfg.project, group=cfg.group, name=cfg.name,
+                                                    role="trainer", config=cfg)
+    monitor.log({"actor/loss": 0.25}, step=2)
+    monitor.close()
+    assert logged[:2] == [("log", 2), ("close", -1)]  # (Trinity's Monitor.__del__ may close it once more)
+    assert list((Path(cfg.monitor.cache_dir) / "tensorboard" / "trainer").glob("events.out.tfevents.*"))
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["actor/loss"] == 0.25

@@ -102,7 +102,7 @@ def test_generated_config_passes_trinitys_loader_and_validation(make_config, tmp
     assert cfg.synchronizer.sync_method.value == "nccl" and cfg.synchronizer.sync_interval == 1
     assert cfg.monitor.monitor_type == MONITOR_TYPE
     assert cfg.monitor.monitor_args == {"metrics_file": f"{(tmp_path / 'run').resolve()}/metrics.jsonl",
-                                        "inner": "tensorboard"}
+                                        "inner": ["tensorboard"]}
 
 
 def test_trinity_resolves_the_workflow_and_monitor_by_their_dotted_paths():
@@ -172,13 +172,29 @@ def test_trinity_validation_errors_are_user_errors(make_config, tmp_path: Path):
     ({"algorithm": {"norm_adv_by_std": False}}, "algorithm.norm_adv_by_std = false"),
     ({"algorithm": {"adv_estimator": "rloo"}}, "algorithm.adv_estimator = 'rloo' is not available"),
     ({"algorithm": {"policy_loss": "my_loss"}}, "algorithm.policy_loss = 'my_loss' has no equivalent"),
-    ({"algorithm": {"dynamic_sampling": {"enable": True}}}, "algorithm.dynamic_sampling is not translated"),
+    ({"algorithm": {"dynamic_sampling": {"enable": True}}}, "algorithm.dynamic_sampling.enable is not translated"),
+    ({"algorithm": {"estimator_options": {"norm_by_std": False}}}, "algorithm.estimator_options.norm_by_std = false"),
+    ({"algorithm": {"rollout_correction": {"rollout_is": "token"}}},
+     "algorithm.rollout_correction.rollout_is='token'"),
+    ({"algorithm": {"rollout_correction": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.5_2.0"}}},
+     "algorithm.rollout_correction.rollout_rs='seq_mean_k1'"),
+    ({"algorithm": {"rollout_correction": {"bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token"}}},
+     "algorithm.rollout_correction.rollout_is='token'"),
 ])
 def test_what_trinity_cannot_do_is_refused(make_config, overrides, message):
     from agenttune_trinity.backbone import TrinityBackbone
 
     with pytest.raises(UserError, match=message.replace(".", r"\.")):
         TrinityBackbone.check(make_config(**overrides))
+
+
+def test_trinitys_own_rollout_correction_is_refused_not_dropped(make_config):
+    """Trinity-RFT 0.6.0 hands `algorithm.rollout_correction` to verl's bypass_mode loss, which its own policy
+    losses replace: set through the passthrough it would do nothing."""
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    with pytest.raises(UserError, match=r"trinity\.algorithm\.rollout_correction is not applied"):
+        TrinityBackbone.check(make_config(trinity={"algorithm": {"rollout_correction": {"rollout_is": "token"}}}))
 
 
 def test_validation_without_a_split_is_refused(make_config):
@@ -229,6 +245,11 @@ def test_readme_shows_the_translation_table():
         "README.md's translation table is out of date: paste agenttune_trinity.translation.markdown_table()")
 
 
+# Trinity-RFT 0.6.0 has no importance-sampling correction, so the asynchronous modes' default (TIS) is refused
+# (test_every_key_translated.py); these runs use Trinity's own rule, PPO's ratio to the engine's log-probs.
+BYPASS = {"rollout_correction": {"bypass_mode": True}}
+
+
 @pytest.mark.parametrize(("trainer", "style", "offset", "strategy", "staleness", "inflight"), [
     ({}, "fixed", 0, "default", None, 2),  # sync: Trinity's on-policy schedule and default sampler
     ({"mode": "one_step_off"}, "fixed", 1, "default", None, 2),  # the explorer runs one step ahead
@@ -239,7 +260,7 @@ def test_trainer_mode_becomes_trinitys_schedule(make_config, tmp_path: Path, tra
                                                 staleness, inflight):
     """trainer.mode / max_staleness through Trinity's loader and validators: the synchronizer's style and
     offset, the explorer's in-flight window, and the sampler that enforces the staleness bound."""
-    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, **trainer}), tmp_path)
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, **trainer}, algorithm=BYPASS), tmp_path)
     check_and_update(cfg)
     assert (cfg.synchronizer.sync_style.value, cfg.synchronizer.sync_offset) == (style, offset)
     assert cfg.synchronizer.sync_interval == 1
@@ -258,8 +279,8 @@ async def test_trinitys_staleness_sampler_keeps_what_agenttune_allows(make_confi
     from trinity.algorithm.sample_strategy import sample_strategy as module
     from trinity.common.experience import Experience
 
-    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, "mode": "async", "max_staleness": max_staleness}),
-                 tmp_path)
+    cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, "mode": "async", "max_staleness": max_staleness},
+                             algorithm=BYPASS), tmp_path)
     check_and_update(cfg)
     asked = []
 
@@ -283,12 +304,12 @@ def test_async_with_validation_is_refused_and_the_suggested_mode_validates(make_
 
     validating = {"task_reader": {"type": "file", "path": str(data_dir), "validation_split": "validation"}}
     with pytest.raises(UserError) as raised:
-        TrinityBackbone.check(make_config(trainer={"mode": "async", "test_freq": 2}, **validating))
+        TrinityBackbone.check(make_config(trainer={"mode": "async", "test_freq": 2}, algorithm=BYPASS, **validating))
     message = raised.value.render()
     assert "trainer.mode = 'async' cannot validate" in message and "trainer.mode=one_step_off" in message
 
     cfg = loaded(make_config(trainer={"n_gpus_per_node": 4, "mode": "one_step_off", "test_freq": 2},
-                             **validating), tmp_path)
+                             algorithm=BYPASS, **validating), tmp_path)
     check_and_update(cfg)
     assert len(cfg.buffer.explorer_input.eval_tasksets) == 1 and cfg.synchronizer.sync_offset == 1
 

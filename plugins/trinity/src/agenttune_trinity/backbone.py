@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from agenttune.plugin_api import AgentTuneConfig, Run
 
 
+# engine.type values that say what Trinity does anyway: its own vLLM engines generate (hf: the default)
+TRINITY_ENGINES = ("hf", "vllm")
+
+
 class TrinityBackbone(Backbone):
     name: ClassVar[str] = "trinity"
     description: ClassVar[str] = "GRPO on a Ray GPU cluster through Trinity-RFT 0.6.0 (vLLM rollouts, verl training)."
@@ -53,9 +57,41 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
                                   hint="Set model.path to a Hugging Face model id or a local model directory."))
     if validation := missing_validation_split(config):
         problems.append(validation)
-    if (config.section("trinity", TrinityOptions).root.get("model") or {}).get("lora_configs"):
+    problems += engine_problems(config)
+    passthrough = config.section("trinity", TrinityOptions).root
+    if (passthrough.get("algorithm") or {}).get("rollout_correction"):
+        problems.append(UserError(
+            "trinity.algorithm.rollout_correction is not applied by Trinity-RFT 0.6.0: its trainer hands it to "
+            "verl's own bypass_mode loss, which Trinity replaces with its policy losses (they take no importance "
+            "weights or rejection masks), so the correction would be silently dropped.",
+            hint="Remove trinity.algorithm.rollout_correction; agenttune's algorithm.rollout_correction.bypass_mode: "
+                 "true is what Trinity runs (π_old from the engine's log-probs), or use --backbone local or verl "
+                 "for importance weights and rejection."))
+    if (passthrough.get("model") or {}).get("lora_configs"):
         problems.append(UserError(
             "trinity.model.lora_configs is not supported with agenttune workflows: the gateway asks Trinity's "
             "vLLM server for the base model by name, so a LoRA adapter would be trained but never sampled from.",
             hint="Remove trinity.model.lora_configs (full-weight training), or train LoRA with --backbone local."))
     return problems
+
+
+def engine_problems(config: AgentTuneConfig) -> list[UserError]:
+    """The `engine:` section configures agenttune's own inference engine (local and debug backbones); with
+    Trinity, its explorer's vLLM engines generate, so an engine or engine options that would be ignored are
+    refused."""
+    engine = config.engine
+    if engine.type not in TRINITY_ENGINES:
+        return [UserError(
+            f"engine.type={engine.type!r} is not used by the trinity backbone: Trinity-RFT's own vLLM rollout "
+            "engines generate every episode (explorer.rollout_model.engine_type: vllm), so the run would not "
+            "sample from that engine.",
+            hint="Remove engine.type (or set hf or vllm) for --backbone trinity, or use --backbone local to sample "
+                 "with that engine.")]
+    if engine.options():
+        names = ", ".join(f"engine.{name}" for name in sorted(engine.options()))
+        return [UserError(
+            f"{names} configure agenttune's own inference engine, which the trinity backbone does not run: "
+            "Trinity-RFT's vLLM rollout engines generate, configured by its explorer.rollout_model keys.",
+            hint="Remove them for --backbone trinity and set Trinity's own keys in the trinity: section instead "
+                 "(e.g. trinity: {explorer: {rollout_model: {gpu_memory_utilization: 0.8}}}).")]
+    return []

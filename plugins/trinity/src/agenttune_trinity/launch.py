@@ -130,7 +130,9 @@ def write_tasksets(components: Components, config: Any, tasks_dir: Path) -> None
     count = write_taskset(components, config.task_reader.train_split, tasks_dir / "train.jsonl")
     log.info("trinity taskset written", split=config.task_reader.train_split, tasks=count)
     if validates(config):
-        count = write_taskset(components, config.task_reader.validation_split, tasks_dir / "validation.jsonl")
+        # data.val_batch_size: validate on the first N tasks of the split, as the local backbone does
+        count = write_taskset(components, config.task_reader.validation_split, tasks_dir / "validation.jsonl",
+                              limit=config.data.val_batch_size)
         log.info("trinity taskset written", split=config.task_reader.validation_split, tasks=count)
 
 

@@ -2,9 +2,10 @@
 
 Trinity logs through one monitor class at a time (`monitor.monitor_type`); the trinity backbone sets
 this one, which appends every step's metrics to the run's metrics.jsonl — the file agenttune's report
-and log viewer read — and passes them to the monitor the agenttune config asked for (`monitor_args.inner`:
-tensorboard, wandb or swanlab; their files stay under Trinity's checkpoint directory). Trinity's
-explorer and trainer each log their own step, so a step can have two lines: the names tell them apart
+and log viewer read — and passes them to every monitor the agenttune config asked for
+(`monitor_args.inner`: a list of tensorboard, wandb and swanlab, or one name; their files stay under
+Trinity's checkpoint directory). Trinity's explorer and trainer each log their own step, so a step can
+have two lines: the names tell them apart
 (`rollout/...`, `eval/...` from the explorer; `actor/...`, `critic/...` from the trainer).
 """
 
@@ -23,31 +24,33 @@ class AgentTuneMonitor(Monitor):
         super().__init__(project=project, name=name, role=role, config=config)
         args = (config.monitor.monitor_args if config is not None else None) or {}
         self.metrics_log = MetricsLog(args["metrics_file"]) if args.get("metrics_file") else None
-        inner = args.get("inner")
-        self.inner: Monitor | None = (
-            MONITOR.get(inner)(project=project, group=group, name=name, role=role, config=config) if inner else None
-        )
+        inner = args.get("inner") or []
+        names = [inner] if isinstance(inner, str) else list(inner)  # one name, or every monitor enabled
+        self.inner: list[Monitor] = [
+            MONITOR.get(monitor)(project=project, group=group, name=name, role=role, config=config)
+            for monitor in names
+        ]
 
     def log(self, data: dict, step: int, commit: bool = False) -> None:
         if self.metrics_log is not None:
             numbers_only = {key: scalar for key, value in data.items() if (scalar := _scalar(value)) is not None}
             if numbers_only:
                 self.metrics_log.write(step, numbers_only)
-        if self.inner is not None:
-            self.inner.log(data, step, commit)
+        for monitor in self.inner:
+            monitor.log(data, step, commit)
 
     def log_table(self, table_name: str, experiences_table: Any, step: int) -> None:
-        if self.inner is not None:
-            self.inner.log_table(table_name, experiences_table, step)
+        for monitor in self.inner:
+            monitor.log_table(table_name, experiences_table, step)
 
     def close(self) -> None:
-        inner, self.inner = getattr(self, "inner", None), None
-        if inner is not None:
-            inner.close()
+        inner, self.inner = getattr(self, "inner", []), []
+        for monitor in inner:
+            monitor.close()
 
     @classmethod
     def default_args(cls) -> dict:
-        return {"metrics_file": None, "inner": "tensorboard"}
+        return {"metrics_file": None, "inner": ["tensorboard"]}
 
 
 def _scalar(value: Any) -> float | None:

@@ -21,12 +21,12 @@ from agenttune.plugin_api import Components, Task, UserError
 TASK_COLUMN = "agenttune_task"
 
 
-def write_taskset(components: Components, split: str, path: Path) -> int:
-    """Write every task of `split` to `path` (JSON lines); return how many there were."""
+def write_taskset(components: Components, split: str, path: Path, *, limit: int | None = None) -> int:
+    """Write the tasks of `split` (the first `limit`) to `path` (JSON lines); return how many there were."""
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with path.open("w", encoding="utf-8") as file:
-        for task in components.read_tasks(split):  # under task_reader.read_timeout
+        for task in components.read_tasks(split, limit=limit):  # under task_reader.read_timeout
             row = {"task_id": task.task_id, TASK_COLUMN: task.model_dump_json()}
             file.write(json.dumps(row, ensure_ascii=False) + "\n")
             count += 1

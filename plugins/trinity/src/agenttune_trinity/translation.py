@@ -107,14 +107,13 @@ def rollout_dtype(config: AgentTuneConfig) -> str:
     return "bfloat16" if config.model.dtype == "auto" else config.model.dtype
 
 
-def monitor_inner(config: AgentTuneConfig) -> str | None:
-    """The Trinity monitor agenttune's monitor hands the metrics to (Trinity runs one at a time)."""
+def monitor_inner(config: AgentTuneConfig) -> list[str] | None:
+    """The Trinity monitors agenttune's monitor hands the metrics to: every one enabled (Trinity itself runs
+    one monitor class; agenttune's fans out, so enabling wandb does not drop the default tensorboard)."""
     monitor = config.monitor
-    for name, enabled in (("wandb", monitor.wandb), ("swanlab", monitor.swanlab),
-                          ("tensorboard", monitor.tensorboard)):
-        if enabled:
-            return name
-    return None
+    names = [name for name, enabled in (("tensorboard", monitor.tensorboard), ("wandb", monitor.wandb),
+                                        ("swanlab", monitor.swanlab)) if enabled]
+    return names or None
 
 
 def workflow_args(config: AgentTuneConfig, paths: TrinityPaths) -> dict[str, Any]:
@@ -203,9 +202,10 @@ def grpo_algorithm(config: AgentTuneConfig) -> str:
             hint="Use algorithm.adv_estimator: grpo with --backbone trinity, or train this estimator with "
                  "--backbone local or verl.")
     if not algorithm.norm_adv_by_std or algorithm.estimator_options.get("norm_by_std") is False:
-        raise UserError("algorithm.norm_adv_by_std = false is not available with the trinity backbone: "
+        key = "algorithm.norm_adv_by_std" if not algorithm.norm_adv_by_std else "algorithm.estimator_options.norm_by_std"
+        raise UserError(f"{key} = false is not available with the trinity backbone: "
                         "Trinity-RFT's GRPO always divides group-centred rewards by the group's std.",
-                        hint="Remove algorithm.norm_adv_by_std, or set trinity.algorithm.advantage_fn "
+                        hint=f"Remove {key}, or set trinity.algorithm.advantage_fn "
                              "to another of Trinity's advantage functions.")
     # An agent episode can become several samples (a rewritten history starts a new one). Multi-step
     # GRPO groups by task, takes each run's reward once, and broadcasts its advantage to every sample
@@ -220,7 +220,7 @@ def policy_loss_fn(config: AgentTuneConfig) -> str:
                         "policy losses.",
                         hint=f"Use one of {', '.join(TRINITY_LOSSES)} with --backbone trinity, or --backbone local.")
     # overlong_shaping needs no translation: the workflow shapes the rewards it hands Trinity (experiences.py)
-    for name, on in (("dynamic_sampling", algorithm.dynamic_sampling.enable),
+    for name, on in (("dynamic_sampling.enable", algorithm.dynamic_sampling.enable),
                      ("zero_variance_groups: drop", algorithm.zero_variance_groups == "drop")):
         if on:
             raise UserError(f"algorithm.{name} is not translated for the trinity backbone: agenttune does not yet "
@@ -330,6 +330,45 @@ def loss_agg_mode(config: AgentTuneConfig) -> str:
     return "seq-mean-token-mean" if config.algorithm.policy_loss == "gspo" else config.algorithm.loss_agg_mode
 
 
+# -- rollout correction (algorithm.rollout_correction) -----------------------------------------------
+# Trinity-RFT 0.6.0 (on verl >= 0.8, its engine-based trainer) always takes π_old from the rollout
+# engine's log-probs (`algorithm.bypass_old_logprobs`, its default; the recomputing path is marked
+# unvalidated), so its PPO-style losses clip the ratio π_θ / π_rollout: agenttune's
+# `bypass_mode: true, loss_type: ppo_clip`, which is translated. Its `algorithm.rollout_correction` is
+# handed to verl's actor config, where only verl's own `bypass_mode` loss reads it; Trinity replaces
+# that loss with its own policy losses (trainer/verl/losses.py), which take no importance weights and
+# no rejection mask, and its train step leaves rollout correction as a TODO. So importance weights
+# (rollout_is, also the asynchronous modes' default TIS), rejection (rollout_rs) and REINFORCE
+# (loss_type reinforce) would be silently dropped: refused.
+def bypass_old_logprobs(config: AgentTuneConfig) -> bool | None:
+    """True for agenttune's bypass mode (Trinity's own rule, said explicitly); None: Trinity's default."""
+    correction = config.algorithm.rollout_correction
+    check_rollout_correction(config)
+    return True if correction.bypass_mode else None
+
+
+def check_rollout_correction(config: AgentTuneConfig) -> None:
+    correction = config.algorithm.rollout_correction
+    if correction.rollout_rs is not None:
+        key, value, what = "rollout_rs", correction.rollout_rs, "rejection sampling"
+    elif correction.rollout_is is not None:
+        key, value, what = "rollout_is", correction.rollout_is, "importance weights"
+    else:
+        return
+    default = ""
+    if config.trainer.staleness_bound:
+        default = (f" trainer.mode={config.trainer.mode!r} uses token-level truncated importance sampling "
+                   "(rollout_is: token, threshold 2.0) by default when algorithm.rollout_correction is not set.")
+    raise UserError(
+        f"algorithm.rollout_correction.{key}={value!r} ({what}) has no equivalent in Trinity-RFT 0.6.0: its "
+        "trainer takes π_old from the rollout engine's log-probs and its policy losses read neither importance "
+        "weights nor rejection masks (its algorithm.rollout_correction reaches only verl's own loss, which "
+        "Trinity replaces), so the correction would be silently dropped." + default,
+        hint="For --backbone trinity set algorithm.rollout_correction: {bypass_mode: true} (Trinity's own rule: "
+             "PPO's ratio to the engine's log-probs, clipped; the same as agenttune's bypass mode with "
+             "loss_type ppo_clip), or train with this correction on --backbone local or verl.")
+
+
 # -- asynchronous training (trainer.mode, trainer.max_staleness) -------------------------------------
 def sync_style(config: AgentTuneConfig) -> str:
     """sync and one_step_off: Trinity's `fixed` schedule (one_step_off with `sync_offset: 1`); async:
@@ -418,6 +457,8 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("algorithm.kl_loss_fn", "algorithm.kl_estimator (none when algorithm.kl_coef is 0)", lambda c, p: kl_loss(c)),
     _t("algorithm.kl_loss_fn_args.kl_coef", "algorithm.kl_coef", lambda c, p: c.algorithm.kl_coef),
     _t("algorithm.entropy_loss_fn", "(none, as in the local backbone)", lambda c, p: "none"),
+    _t("algorithm.bypass_old_logprobs", "algorithm.rollout_correction.bypass_mode (true: π_old is the engine's "
+       "log-probs, Trinity's own rule); rollout_is, rollout_rs refused", lambda c, p: bypass_old_logprobs(c)),
     _t("algorithm.optimizer.lr", "trainer.learning_rate", lambda c, p: c.trainer.learning_rate),
     _t("algorithm.optimizer.lr_scheduler_type", "trainer.lr_schedule (constant, cosine)", lambda c, p: lr_scheduler(c)),
     _t("algorithm.optimizer.lr_warmup_steps", "trainer.warmup_steps", lambda c, p: c.trainer.warmup_steps),
@@ -475,7 +516,7 @@ TRANSLATIONS: tuple[Translation, ...] = (
     # monitor: Trinity's metrics also go to <run_dir>/metrics.jsonl
     _t("monitor.monitor_type", "(agenttune's monitor: metrics.jsonl, then the one below)", lambda c, p: MONITOR_TYPE),
     _t("monitor.monitor_args.metrics_file", "the run directory (<run_dir>/metrics.jsonl)", lambda c, p: p.metrics_file),
-    _t("monitor.monitor_args.inner", "monitor.wandb / monitor.swanlab / monitor.tensorboard (first enabled)",
+    _t("monitor.monitor_args.inner", "monitor.tensorboard / monitor.wandb / monitor.swanlab (every one enabled)",
        lambda c, p: monitor_inner(c)),
 )
 

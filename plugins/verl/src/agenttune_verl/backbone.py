@@ -12,6 +12,8 @@ from agenttune_verl.translation import VerlPaths, total_gpus
 
 # verl's FSDP optimiser schedules (verl.workers.config.FSDPOptimizerConfig)
 VERL_LR_SCHEDULES = ("constant", "cosine")
+# engine.type values that say what verl does anyway: its own vLLM servers generate (hf: the default)
+VERL_ENGINES = ("hf", "vllm")
 
 
 class VerlBackbone(Backbone):
@@ -65,6 +67,7 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
         problems.append(UserError(f"model.path={config.model.path!r}: verl loads real model directories, not "
                                   "agenttune's tiny:// test models.",
                                   hint="Write one with `agenttune model init-tiny DIR` and set model.path=DIR."))
+    problems += engine_problems(config)
     if config.trainer.lr_schedule not in VERL_LR_SCHEDULES:
         problems.append(UserError(f"trainer.lr_schedule={config.trainer.lr_schedule!r} is not available in verl.",
                                   hint=f"Use one of {', '.join(VERL_LR_SCHEDULES)}."))
@@ -82,3 +85,23 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
         problems.append(validation)
     problems += objective_problems(config)
     return problems
+
+
+def engine_problems(config: AgentTuneConfig) -> list[UserError]:
+    """The `engine:` section configures agenttune's own inference engine (local and debug backbones); with verl,
+    verl's vLLM servers generate, so an engine or engine options that would be ignored are refused."""
+    engine = config.engine
+    if engine.type not in VERL_ENGINES:
+        return [UserError(
+            f"engine.type={engine.type!r} is not used by the verl backbone: verl's own vLLM servers generate every "
+            "episode (actor_rollout_ref.rollout.name: vllm), so the run would not sample from that engine.",
+            hint="Remove engine.type (or set hf or vllm) for --backbone verl, or use --backbone local to sample "
+                 "with that engine.")]
+    if engine.options():
+        names = ", ".join(f"engine.{name}" for name in sorted(engine.options()))
+        return [UserError(
+            f"{names} configure agenttune's own inference engine, which the verl backbone does not run: verl's vLLM "
+            "servers generate, configured by verl's actor_rollout_ref.rollout keys.",
+            hint="Remove them for --backbone verl and set verl's own rollout keys in the verl: section instead "
+                 "(e.g. verl: {actor_rollout_ref: {rollout: {gpu_memory_utilization: 0.6}}}).")]
+    return []

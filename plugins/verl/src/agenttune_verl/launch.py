@@ -72,8 +72,9 @@ def write_datasets(config: AgentTuneConfig, components: Components, paths: VerlP
             f"{config.data.train_batch_size}: verl drops incomplete batches, so it would train for 0 steps.",
             hint="Lower data.train_batch_size or add tasks.")
     if config.task_reader.validation_split is not None:
-        write_tasks(components.read_tasks(config.task_reader.validation_split), Path(paths.val_files), split="validation",
-                    data_source=data_source)
+        # data.val_batch_size: validate on the first N tasks of the split, as the local backbone does
+        validation = components.read_tasks(config.task_reader.validation_split, limit=config.data.val_batch_size)
+        write_tasks(validation, Path(paths.val_files), split="validation", data_source=data_source)
     log.info("tasks written for verl", train=count, path=paths.train_files)
 
 
