@@ -247,7 +247,33 @@ def test_an_unserved_loss_fails_the_request_with_a_sentence(training_client, tok
         training_client.forward(
             [types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
                          loss_fn_inputs={"target_tokens": [2, 3], "logprobs": [-1.0, -1.0],
-                                         "advantages": [1.0, 1.0]})], "dro").result()
+                                         "advantages": [1.0, 1.0]})], "stable_reinforce").result()
+
+
+def test_gspo_and_dro_through_the_sdk_give_tinkers_per_token_losses(training_client, tokenizer):
+    """The inputs and the config cross the wire: the per-token losses the server answers are Tinker's
+    formulas on the log-probs it answers (test_tinker_wire.py checks values and gradients in-process)."""
+    [plain] = [datum(tokenizer)]
+    count = len(plain.loss_fn_inputs["target_tokens"].data)
+    sampled = (logprobs_of(training_client, [plain])[0] + 0.05 * np.arange(count)).tolist()
+    advantages = [0.0] * 3 + [0.5] * (count - 4) + [-1.0]
+    ratio_mask = [0.0] * 3 + [1.0] * (count - 3)
+    inputs = {"target_tokens": plain.loss_fn_inputs["target_tokens"], "logprobs": sampled, "advantages": advantages}
+    gspo = training_client.forward([types.Datum(model_input=plain.model_input, loss_fn_inputs={
+        **inputs, "sequence_ratio_mask": ratio_mask})], "gspo", {"clip_low_threshold": 0.9}).result()
+    dro = training_client.forward([types.Datum(model_input=plain.model_input, loss_fn_inputs=inputs)], "dro",
+                                  {"beta": 0.5}).result()
+    for out, loss_fn in ((gspo, "gspo"), (dro, "dro")):
+        [output] = out.loss_fn_outputs
+        logprobs = torch.tensor(output["logprobs"].data)
+        old, adv = torch.tensor(sampled), torch.tensor(advantages)
+        if loss_fn == "gspo":
+            ratio = torch.exp((logprobs - old)[torch.tensor(ratio_mask) != 0].mean())
+            expected = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.9, 1.2) * adv)
+        else:
+            expected = -(logprobs * adv - 0.25 * (logprobs - old) ** 2)
+        torch.testing.assert_close(torch.tensor(output["elementwise_loss"].data), expected, atol=1e-5, rtol=1e-4)
+        assert out.metrics["loss:sum"] == pytest.approx(float(expected.sum()), abs=1e-4)
 
 
 def test_unknown_and_unserved_routes_answer_the_error_shape(server):

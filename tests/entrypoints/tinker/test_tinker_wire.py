@@ -62,12 +62,65 @@ def test_tinker_losses_equal_agenttunes_policy_losses(batch, loss_fn, clip):
     torch.testing.assert_close(ours_grad, theirs_grad)
 
 
+def gspo_reference(logprobs, inputs, low=0.8, high=1.2):
+    """Tinker's GSPO-token, as its documentation writes it: the sequence ratio over the masked tokens,
+    every token carrying its value with its own log-prob's gradient, PPO's clipped objective per token."""
+    in_ratio = inputs["sequence_ratio_mask"] != 0
+    log_ratio = (logprobs.detach() - inputs["logprobs"])[in_ratio].mean()
+    ratio = torch.exp(log_ratio + logprobs - logprobs.detach())
+    clipped = torch.clamp(ratio, low, high)
+    advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+@pytest.fixture
+def sequence_batch(batch):
+    """A datum as an RL loop sends it: a prompt (advantage 0, outside the ratio mask), then sampled tokens
+    sharing one advantage, one token with another; the sampler's log-probs differ from the policy's."""
+    logprobs, inputs = batch
+    advantages = torch.tensor([0.0, 0.0, 0.7, 0.7, 0.7, -0.4, 0.7])
+    ratio_mask = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    return logprobs, {**inputs, "advantages": advantages, "sequence_ratio_mask": ratio_mask}
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.15, -0.3])  # the sequence ratio inside, above and below the clip
+@pytest.mark.parametrize("clip", [None, (0.9, 1.1)])
+def test_tinkers_gspo_equals_agenttunes_gspo_loss(sequence_batch, shift, clip):
+    logprobs, inputs = sequence_batch
+    inputs = {**inputs, "logprobs": logprobs.detach() - shift + 0.01 * torch.arange(T)}
+    config = {} if clip is None else {"clip_low_threshold": clip[0], "clip_high_threshold": clip[1]}
+    ours = elementwise_loss("gspo", logprobs, inputs, config)
+    theirs = gspo_reference(logprobs, inputs, *(clip or (0.8, 1.2)))
+    torch.testing.assert_close(ours, theirs)
+    (ours_grad,) = torch.autograd.grad(ours.sum(), logprobs)
+    (theirs_grad,) = torch.autograd.grad(theirs.sum(), logprobs)
+    torch.testing.assert_close(ours_grad, theirs_grad)
+
+
+@pytest.mark.parametrize("beta", [0.05, 1.0])
+def test_dro_is_tinkers_formula(batch, beta):
+    logprobs, inputs = batch
+    ours = elementwise_loss("dro", logprobs, inputs, {"beta": beta})
+    theirs = -(logprobs * inputs["advantages"] - 0.5 * beta * (logprobs - inputs["logprobs"]) ** 2)
+    torch.testing.assert_close(ours, theirs)
+    (ours_grad,) = torch.autograd.grad(ours.sum(), logprobs)
+    (theirs_grad,) = torch.autograd.grad(theirs.sum(), logprobs)
+    torch.testing.assert_close(ours_grad, theirs_grad)
+
+
 def test_an_unserved_loss_or_a_missing_input_is_a_users_error(batch):
     logprobs, inputs = batch
-    with pytest.raises(TinkerError, match="not served yet"):
-        elementwise_loss("dro", logprobs, inputs, {})
+    for unserved in ("stable_reinforce", "custom"):
+        with pytest.raises(TinkerError, match="not served yet"):
+            elementwise_loss(unserved, logprobs, inputs, {})
     with pytest.raises(TinkerError, match="advantages"):
         elementwise_loss("ppo", logprobs, {"logprobs": inputs["logprobs"]}, {})
+    with pytest.raises(TinkerError, match="sequence_ratio_mask"):
+        elementwise_loss("gspo", logprobs, inputs, {})
+    with pytest.raises(TinkerError, match="at least one token"):
+        elementwise_loss("gspo", logprobs, {**inputs, "sequence_ratio_mask": torch.zeros(T)}, {})
+    with pytest.raises(TinkerError, match="beta"):
+        elementwise_loss("dro", logprobs, inputs, {})
 
 
 def test_a_forward_backward_request_round_trips_through_the_sdks_converter():
