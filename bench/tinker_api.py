@@ -11,7 +11,8 @@ Side by side, in one run, on one model (default: the ~25 M tiny model below, bui
                  own process, /v1/completions with the same prompt ids, one request per sample, all in
                  flight at once), same max tokens, temperature 1; interleaved repeats, medians:
                  sample_tokens_per_s_ratio = API / serve (target >= 0.9); also printed: the server's
-                 own Sampler called in-process on the same prompts, to show where the API's time goes
+                 own Sampler called in-process on the same prompts (all in flight at once, on the
+                 server's event loop), to show where the API's time goes
     rl loop      the SDK loop of tests/entrypoints/tinker's slow RL test (rl_loop: "sdk"): sample 16
                  completions of 8 tokens, reward = the share of even token ids, ppo on the sampler's
                  log-probs, one Adam step; initial reward = step 0's, final = the mean of the last 3
@@ -115,16 +116,20 @@ def sample_api(service: Any, prompts: list[list[int]], samples: int, max_tokens:
 
 def sample_in_process(state: Any, prompts: list[list[int]], samples: int, max_tokens: int,
                       seed: int) -> tuple[int, float]:
-    """The server's own Sampler called directly (no HTTP, no SDK), one prompt after another as its worker
-    thread runs them: where the API's sampling time goes."""
+    """The server's own Sampler called directly (no HTTP, no SDK), every prompt's request in flight at
+    once as the API's are: where the API's sampling time goes. (On the server's event loop, which the
+    engine batches on; the warm-up sampled through the API first.)"""
     session = state.sampler.open(None)
+
+    async def run() -> int:
+        replies = await asyncio.gather(*[
+            state.sampler.sample(session.session_id, prompt, samples,
+                                 {"max_tokens": max_tokens, "temperature": 1.0, "seed": seed}, prompt_logprobs=False)
+            for prompt in prompts])
+        return sum(len(sequence.tokens) for sampled in replies for sequence in sampled.sequences)
+
     started = time.perf_counter()
-    tokens = 0
-    for prompt in prompts:
-        sampled = state.sampler.sample(session.session_id, prompt, samples,
-                                       {"max_tokens": max_tokens, "temperature": 1.0, "seed": seed},
-                                       prompt_logprobs=False)
-        tokens += sum(len(sequence.tokens) for sequence in sampled.sequences)
+    tokens = asyncio.run_coroutine_threadsafe(run(), state.sampler.loop).result()
     return tokens, time.perf_counter() - started
 
 

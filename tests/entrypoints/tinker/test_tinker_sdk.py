@@ -337,3 +337,45 @@ def test_an_rl_loop_learns_through_the_server(service, tokenizer):
         assert abs(result.metrics["loss:sum"]) < 1e-3
         client.optim_step(types.AdamParams(learning_rate=3e-2)).result()
     assert np.mean(rewards[-3:]) >= rewards[0] + 0.3, rewards
+
+
+def test_concurrent_samples_share_the_engines_batch_and_each_checkpoint_keeps_its_weights(service, server,
+                                                                                          tokenizer):
+    """Sample requests in flight together decode in one engine batch when they name the same weights;
+    requests for two checkpoints, interleaved, each get their own weights' log-probs (the trainer's)."""
+    clients, samplers = [], []
+    for index, text in enumerate(["one two three four five six", "the lazy dog sleeps by the fire"]):
+        client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=20 + index).result()
+        for _ in range(3):
+            client.forward_backward([datum(tokenizer, text)], "cross_entropy").result()
+            client.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        clients.append(client)
+        path = client.save_weights_for_sampler(f"concurrent-{index}").result().path
+        samplers.append(service.create_sampling_client(model_path=path).result())
+    prompt = tokenizer.encode("The quick brown")
+    engine = server[1].sampler.engine
+    steps_before = len(engine.decode_steps) if engine is not None else 0
+
+    # the same weights: 6 requests of 2 sequences, all sent before any result is awaited
+    futures = [samplers[0].sample(types.ModelInput.from_ints(prompt), 2,
+                                  types.SamplingParams(max_tokens=16, seed=seed, stop=[])) for seed in range(6)]
+    replies = [future.result() for future in futures]
+    engine = server[1].sampler.engine
+    rows = [rows for rows, _ in list(engine.decode_steps)[steps_before:]]
+    assert max(rows) > 2, rows  # more than one request's sequences in one decode step
+    assert sum(len(s.tokens) for reply in replies for s in reply.sequences) == 6 * 2 * 16
+
+    # two checkpoints, interleaved (and one request at another temperature): each its own weights
+    futures = [(index, samplers[index].sample(types.ModelInput.from_ints(prompt), 2,
+                                              types.SamplingParams(max_tokens=6, seed=request, stop=[],
+                                                                   temperature=0.7 if request == 2 else 1.0)))
+               for request in range(4) for index in (0, 1)]
+    for index, future in futures:
+        for sequence in future.result().sequences:
+            ids = prompt + sequence.tokens
+            check = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+            own, other = (logprobs_of(client, [check])[0][len(prompt) - 1:] for client in
+                          (clients[index], clients[1 - index]))
+            np.testing.assert_allclose(sequence.logprobs, own, atol=2e-4)
+            assert np.abs(own - other).max() > 1e-2  # (the two checkpoints do differ)

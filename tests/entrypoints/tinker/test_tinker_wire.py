@@ -228,3 +228,74 @@ def test_checkpoint_names_cannot_leave_the_state_directory(tmp_path):
     checkpoint = store.new("s:train:0", "weights", "step-1")
     store.write_metadata(checkpoint, {"base_model": "m"})
     assert store.find("tinker://s:train:0/weights/step-1").directory == tmp_path / "s:train:0/weights/step-1"
+
+
+def test_the_sampler_runs_one_set_of_weights_at_a_time_and_training_between():
+    """Sample requests for the same weights decode together; a request for other weights waits for the
+    engine to be idle and its adapter to be active; training queued while a group decodes runs after it,
+    and requests arriving after that training do not join the group (they would starve it)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from agenttune.components.engines.base import Generation
+    from agenttune.entrypoints.tinker.sampling import Sampler, SamplingSession
+
+    class Host:
+        model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
+        tokenizer = SimpleNamespace(eos_token_id=0)
+        active, log = "nothing", []
+
+        def context_length(self):
+            return None
+
+        @contextlib.contextmanager
+        def using(self, name):
+            self.active = name
+            self.log.append(("on", name))
+            yield
+            self.log.append(("off", name))
+            self.active = "nothing"
+
+    class Engine:
+        running = most = 0
+
+        async def generate(self, prompt, sampling):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            adapter = host.active
+            await asyncio.sleep(0.05)
+            assert host.active == adapter  # nothing switched the weights while it decoded
+            self.running -= 1
+            return Generation([prompt[0]], [-1.0], "length", metadata={"adapter": adapter})
+
+    host = Host()
+
+    async def scenario():
+        futures = Futures(poll_s=5)
+        sampler = Sampler(host, None, futures)
+        sampler.engine = Engine()
+        sampler._adapter = lambda path: path  # the checkpoint's adapter is named as its path here
+        base = sampler.open(None).session_id
+        sampler.sessions["ckpt"] = SamplingSession("ckpt", "ckpt")
+
+        def sample(session):
+            return asyncio.create_task(sampler.sample(session, [1 if session == base else 2], 2, {"seed": 1},
+                                                      prompt_logprobs=False))
+
+        first = [sample(base), sample(base), sample("ckpt")]
+        await asyncio.sleep(0)  # they are admitted: the base model's group holds the worker
+        training = futures.submit(lambda: (host.log.append(("train", host.active)), Result(json={}))[1])
+        late = sample(base)
+        results = await asyncio.gather(*first, late)
+        assert (await futures.wait(training)).json == {}
+        futures.close()
+        most[0] = sampler.engine.most
+        return results
+
+    most = [0]
+    results = asyncio.run(scenario())
+    assert host.log == [("on", None), ("off", None), ("train", "nothing"), ("on", "ckpt"), ("off", "ckpt"),
+                        ("on", None), ("off", None)]
+    assert [[s.tokens for s in result.sequences] for result in results] == [[[1], [1]]] * 2 + [[[2], [2]]] + \
+        [[[1], [1]]]
+    assert most[0] == 4  # the first two requests' sequences decoded together

@@ -2,7 +2,8 @@
 
 Requests are parsed with the SDK's own pydantic types (`tinker.types`), so a body the SDK would not
 send is refused the way the SDK would refuse it. Training and sampling requests are queued as
-futures (futures.py); the handshake, `get_info`, `weights_info` and sampler lookups answer at once.
+futures (futures.py; sample requests run on the event loop, batched by sampling.py's scheduler);
+the handshake, `get_info`, `weights_info` and sampler lookups answer at once.
 In front of the routes (`Guard`): the Host/Origin check and the body limit of `agenttune serve`,
 the API key, and the content type (JSON, or protobuf for forward_backward). Every refusal has the
 SDK's error shape, `{"error": <one sentence>, "category": "user"}`, and a 4xx status.
@@ -49,7 +50,7 @@ class TinkerState:
 
     def __post_init__(self) -> None:
         self.trainer = Trainer(self.host, self.store)
-        self.sampler = Sampler(self.host, self.store)
+        self.sampler = Sampler(self.host, self.store, self.futures)
 
 
 def error_response(message: str, status: int) -> Any:
@@ -280,12 +281,12 @@ async def asample(state: TinkerState, body: Any) -> Any:
     prompt = _prompt_tokens(request.prompt)
     params = request.sampling_params.model_dump()
 
-    def work() -> Result:
-        sampled = state.sampler.sample(session_id, prompt, request.num_samples, params,
-                                       prompt_logprobs=bool(request.prompt_logprobs))
+    async def work() -> Result:  # on the event loop: concurrent requests share the engine's batch
+        sampled = await state.sampler.sample(session_id, prompt, request.num_samples, params,
+                                             prompt_logprobs=bool(request.prompt_logprobs))
         return Result(proto=write_sample(sampled.sequences, sampled.prompt_logprobs))
 
-    request_id = state.futures.submit(work)
+    request_id = state.futures.submit_async(work)
     return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}-{i}" for i in range(request.num_samples)]}
 
 
