@@ -129,15 +129,18 @@ def agentscope2(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def trinity(session: nox.Session) -> None:
-    """The Trinity-RFT backbone plugin, against trinity-rft 0.6.0's real config, buffer and workflow code (CPU)."""
+    """The Trinity-RFT backbone plugin, against trinity-rft 0.6.0's real config, buffer and workflow code and its
+    Tinker mode against `agenttune tinker serve` (CPU)."""
     # trinity-rft's own requirements resolve verl and need vLLM for GPUs; neither installs usefully on a
     # CPU machine. So: trinity-rft with --no-deps, plus what its config, buffer, workflow and explorer
     # modules import (the plugin's `cpu` extra); the tests stub `vllm` where Trinity imports it.
     # verl 0.9.0 (Trinity's pin) also --no-deps: Trinity's advantage functions import its DataProto.
     # pylatexenc: what Trinity's DAPO reward function imports, which the overlong-shaping test compares to.
+    # agenttune's `tinker` extra: `agenttune tinker serve`, which Trinity's Tinker mode is tested against
+    # (test_tinker_mode.py; the plugin's `cpu` extra pins the same SDK for Trinity's own Tinker modules).
     session.install(CPU_TORCH)
     session.install("--no-deps", "trinity-rft==0.6.0", "verl==0.9.0")
-    session.install(CPU_TORCH, "-e", ".[dev,local]", "-e", "plugins/trinity[cpu]", "pylatexenc")
+    session.install(CPU_TORCH, "-e", ".[dev,local,tinker]", "-e", "plugins/trinity[cpu]", "pylatexenc")
     session.run("pytest", "plugins/trinity/tests", *session.posargs)
 
 
