@@ -9,19 +9,15 @@ key fails here until it is translated, refused or listed with its reason.
 from __future__ import annotations
 
 import copy
-import functools
-import json
-import types
-import typing
 from typing import Any
 
 import pytest
 from agenttune_verl.backbone import VerlBackbone
 from agenttune_verl.launch import write_datasets
 from agenttune_verl.translation import VerlPaths
-from pydantic import BaseModel, RootModel
 
-from agenttune.plugin_api import UserError, build_config, config_model
+from agenttune.plugin_api import UserError
+from agenttune.testing.config_walk import KeyWalk, build
 
 BASE: dict[str, Any] = {
     "backbone": "verl",
@@ -133,79 +129,8 @@ NOT_FOR_VERL: dict[str, str] = {
     "backbone": "selects this backbone (--backbone verl)",
     "ray.address": "the Ray cluster the launcher joins; verl's trainer gets it as RAY_ADDRESS (launch.py)",
 }
-# And every key of the other built-in backbones' sections, `local:` and `debug:` (other_backbones_sections):
+# And every key of the other built-in backbones' sections, `local:` and `debug:` (config_walk.OTHER_BACKBONES):
 # options of their own trainers, which a verl run never starts.
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Optional[X] -> X."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def leaf_keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted key, annotation) of every leaf of the config model; root-model sections are leaves."""
-    keys = []
-    for name, field in model.model_fields.items():
-        annotation = _unwrap(field.annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and not issubclass(annotation,
-                                                                                                  RootModel):
-            keys += leaf_keys(annotation, f"{prefix}{name}.")
-        else:
-            keys.append((f"{prefix}{name}", field.annotation))
-    return keys
-
-
-def other_backbones_sections(key: str) -> bool:
-    return key.split(".", 1)[0] in ("local", "debug")
-
-
-def get_path(data: dict[str, Any], dotted: str) -> Any:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = data
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = copy.deepcopy(value)
-
-
-def default_of(key: str) -> Any:
-    config = build_config(copy.deepcopy(BASE), {})
-    node: Any = config
-    for part in key.split("."):
-        node = getattr(node, part) if isinstance(node, BaseModel) else node[part]
-    return node.root if isinstance(node, RootModel) else node
-
-
-def values_for(key: str, annotation: Any) -> list[Any]:
-    if key in VALUES:
-        return VALUES[key]
-    current = default_of(key)
-    inner = _unwrap(annotation)
-    if inner is bool:
-        return [not current]
-    if typing.get_origin(inner) is typing.Literal:
-        return [option for option in typing.get_args(inner) if option != current]
-    if inner is int and current is not None:
-        return [current + 1]
-    if inner is float and current is not None:
-        return [current + 0.5]
-    raise AssertionError(f"{key}: add a non-default value for it to VALUES")
-
-
-def build(data: dict[str, Any]) -> Any:
-    return build_config(copy.deepcopy(data), {})
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -225,62 +150,18 @@ def translate(config: Any) -> dict[str, Any]:
     return VerlBackbone.native_config(config)
 
 
-@functools.cache
-def _translated(data: str) -> dict[str, Any]:
-    return translate(build(json.loads(data)))
-
-
-def outcome(key: str, value: Any) -> tuple[str, str]:
-    """('changed' | 'refused' | 'unchanged', detail) for `key` set to `value` on top of its context."""
-    base = copy.deepcopy(BASE)
-    for context_key, context_value in CONTEXT.get(key, {}).items():
-        set_path(base, context_key, context_value)
-    with_key = copy.deepcopy(base)
-    set_path(with_key, key, value)
-    config = build(with_key)  # a valid agenttune config: refusals below are the backbone's
-    try:
-        before = _translated(json.dumps(base, sort_keys=True))
-    except UserError as error:
-        # The key means something only in a context the backbone refuses (a threshold of a refused correction):
-        # that refusal must name the context, and it stands with the key set too.
-        assert any(name in str(error) for name in CONTEXT.get(key, {})), f"the context of {key} is refused: {error}"
-        with pytest.raises(UserError):
-            translate(config)
-        return "refused", str(error)
-    try:
-        after = translate(config)
-    except UserError as error:
-        named = [name for name in (key, *CONTEXT.get(key, {})) if name in str(error)]
-        assert named, f"{key}={value!r} is refused, but the error does not name the key: {error}"
-        return "refused", str(error)
-    return ("changed", "") if after != before else ("unchanged", "")
-
-
-CASES = [(key, value) for key, annotation in leaf_keys(config_model()) for value in values_for(key, annotation)]
+WALK = KeyWalk("verl", BASE, translate, values=VALUES, context=CONTEXT, same_as_base=SAME_AS_BASE,
+               not_for=NOT_FOR_VERL)
+CASES = WALK.cases()
 
 
 def test_the_walk_covers_every_key():
-    keys = {key for key, _ in leaf_keys(config_model())}
-    walked = {key for key, _ in CASES}
-    assert keys == walked
-    # no stale entries: every table names a real key
-    for table in (VALUES, CONTEXT, NOT_FOR_VERL, dict(SAME_AS_BASE)):
-        names = {key[0] if isinstance(key, tuple) else key for key in table}
-        assert names <= keys, f"not config keys: {sorted(names - keys)}"
-    assert {"local", "debug"} & {key.split(".", 1)[0] for key in keys}, "the built-in backbones' sections are walked"
+    WALK.check_tables()
 
 
 @pytest.mark.parametrize(("key", "value"), CASES, ids=[f"{key}={value!r}" for key, value in CASES])
 def test_every_key_reaches_verl_or_is_refused(key: str, value: Any):
-    result, _ = outcome(key, value)
-    if result == "unchanged":
-        if any((key, value) == same for same in SAME_AS_BASE):
-            return
-        assert key in NOT_FOR_VERL or other_backbones_sections(key), (
-            f"{key}={value!r} is silently dropped: the generated verl config does not change and nothing refuses it")
-    elif result == "changed":
-        assert key not in NOT_FOR_VERL and not other_backbones_sections(key), (
-            f"{key} reaches verl's config: remove it from NOT_FOR_VERL")
+    WALK.check(key, value)
 
 
 def test_issue_example_one_step_off_correction_reaches_verl():
