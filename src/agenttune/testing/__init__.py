@@ -14,6 +14,7 @@ Outside pytest, call the functions below. Nothing here downloads anything. Besid
     loopback          serve an ASGI app on a free loopback port
     judge_server      a scripted OpenAI-compatible chat server, for LLM-judge tests
     faults            fault injection for reliability tests
+    config_walk       every config key through a backbone's translation (no option silently dropped)
 """
 
 from __future__ import annotations
