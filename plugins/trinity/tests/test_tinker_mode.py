@@ -262,10 +262,13 @@ async def test_trinity_explores_trains_syncs_and_resumes_through_the_server(tink
     assert continued[1:] == pytest.approx(continued_resumed[1:], abs=1e-5)
     assert continued[1:] != pytest.approx(after.tolist(), abs=1e-5)
 
-    # the next sync: the step-2 sampler reaches the rollout model (Trinity also asks the REST client to
-    # delete the step-1 sampler by its bare name; that call fails, and Trinity logs a warning and goes on)
+    # the next sync: the step-2 sampler reaches the rollout model, and Trinity has the REST client delete the
+    # step-1 sampler (by its bare name)
     await trainer.upload_state_dict()
     step2_path, version = no_ray.get_model_state_dict()
     assert version == 2 and step2_path.endswith("-sampler-2")
     await model.sync_model_weights(2, SyncMethod.CHECKPOINT)
     assert (await model.logprobs_async(fixed)).tolist() == pytest.approx(continued[1:], abs=2e-3)
+    rest = tinker.ServiceClient().create_rest_client()  # the server and key from TINKER_BASE_URL / TINKER_API_KEY
+    with pytest.raises(Exception, match="No checkpoint is saved"):
+        rest.get_weights_info_by_tinker_path(sampler_path).result()

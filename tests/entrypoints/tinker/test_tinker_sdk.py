@@ -157,6 +157,27 @@ def test_only_the_newest_snapshots_are_kept_on_disk(service, server, tokenizer):
     assert len(snapshots) == SNAPSHOTS_KEPT
 
 
+def test_delete_checkpoint_by_id_and_by_bare_name(service, server):
+    """The SDK's `delete_checkpoint` (`<kind>/<name>`), and the bare name Trinity-RFT's Tinker trainer sends
+    for its stale sampler checkpoint; a name both kinds hold must say which, an unknown one is a 404."""
+    rest = tinker.RestClient(base_url=server[0])
+    store = server[1].store
+    client = service.create_lora_training_client(base_model=MODEL, rank=2, seed=9).result()
+    by_id = client.save_weights_for_sampler("to-delete").result().path
+    bare = client.save_weights_for_sampler("stale-sampler-1").result().path
+    both = [client.save_state("twin").result().path, client.save_weights_for_sampler("twin").result().path]
+    rest.delete_checkpoint(client.model_id, "sampler_weights/to-delete").result()
+    rest.delete_checkpoint(client.model_id, "stale-sampler-1").result()
+    for path in (by_id, bare):
+        with pytest.raises(Exception, match="No checkpoint is saved"):
+            store.find(path)
+    with pytest.raises(Exception, match="name the one to delete with its kind"):
+        rest.delete_checkpoint(client.model_id, "twin").result()
+    with pytest.raises(Exception, match="No checkpoint 'never-saved'"):
+        rest.delete_checkpoint(client.model_id, "never-saved").result()
+    assert all(store.find(path) for path in both)  # neither twin was touched
+
+
 def test_finishing_a_session_unloads_its_training_clients(server):
     base_url, state = server
     service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)

@@ -265,6 +265,13 @@ async def get_sampler(state: TinkerState, body: Any, sampler_id: str) -> Any:
     return {"sampler_id": session.session_id, "base_model": state.host.name, "model_path": session.model_path}
 
 
+async def delete_checkpoint(state: TinkerState, body: Any, model_id: str, checkpoint_id: str) -> Any:
+    from starlette.responses import Response
+
+    state.store.delete(model_id, checkpoint_id)
+    return Response(status_code=204)  # the SDK casts the answer to None
+
+
 async def asample(state: TinkerState, body: Any) -> Any:
     from tinker import types
 
@@ -329,6 +336,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/create_sampling_session", create_sampling_session),
     ("GET", "/samplers/{sampler_id}", get_sampler),
     ("POST", "/asample", asample),
+    ("DELETE", "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}", delete_checkpoint),
     ("POST", "/retrieve_future", retrieve_future),
 ]
 

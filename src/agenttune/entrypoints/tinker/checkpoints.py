@@ -83,6 +83,24 @@ class CheckpointStore:
             raise TinkerError(f"No checkpoint is saved at {path}.", 404)
         return checkpoint
 
+    def delete(self, model_id: str, checkpoint_id: str) -> Checkpoint:
+        """Delete `<kind>/<name>` of `model_id` (the SDK's `delete_checkpoint`). A bare `<name>`, as
+        Trinity-RFT sends for a stale sampler checkpoint, names the one checkpoint of either kind that has it."""
+        named, _, name = checkpoint_id.rpartition("/")
+        if named and named not in KINDS:
+            raise TinkerError(f"{checkpoint_id!r} is not a checkpoint id: expected weights/<name> or "
+                              "sampler_weights/<name>.")
+        kinds = [kind for kind in KINDS if kind == named or not named and
+                 (self._checkpoint(model_id, kind, name).directory / METADATA).is_file()]
+        if len(kinds) > 1:
+            raise TinkerError(f"Both weights/{name} and sampler_weights/{name} exist for {model_id}: name the one "
+                              "to delete with its kind.")
+        if not kinds:
+            raise TinkerError(f"No checkpoint {checkpoint_id!r} is saved for {model_id}.", 404)
+        checkpoint = self.find(self._checkpoint(model_id, kinds[0], name).path)
+        shutil.rmtree(checkpoint.directory)
+        return checkpoint
+
     def _checkpoint(self, model_id: str, kind: Kind, name: str) -> Checkpoint:
         for segment in (model_id, name):
             if not SEGMENT.fullmatch(segment) or segment in (".", ".."):
