@@ -153,15 +153,17 @@ def agentscope2(session: nox.Session) -> None:
 def trinity(session: nox.Session) -> None:
     """The Trinity-RFT backbone plugin, against trinity-rft 0.6.0's real config, buffer and workflow code and its
     Tinker mode against `agenttune tinker serve` (CPU)."""
-    # trinity-rft's own requirements resolve verl and need vLLM for GPUs; neither installs usefully on a
-    # CPU machine. So: trinity-rft with --no-deps, plus what its config, buffer, workflow and explorer
-    # modules import (the plugin's `cpu` extra); the tests stub `vllm` where Trinity imports it.
-    # verl 0.9.0 (Trinity's pin) also --no-deps: Trinity's advantage functions import its DataProto.
+    # The README's CPU install line (plugins/trinity/README.md): trinity-rft's own requirements resolve
+    # verl and vLLM's CUDA stack, neither usable on a CPU machine. So: trinity-rft, verl 0.9.0 (its pin:
+    # its advantage functions import verl's DataProto) and vLLM 0.23.0 (its explorer modules import
+    # vLLM's config and chat-template names) with --no-deps, plus what those modules import (the plugin's
+    # `cpu` extra). The unit tests put a stub `vllm` first on the path (any use raises); the CPU run
+    # (test_cpu_run.py) imports the real one, as a user's run does.
     # pylatexenc: what Trinity's DAPO reward function imports, which the overlong-shaping test compares to.
     # agenttune's `tinker` extra: `agenttune tinker serve`, which Trinity's Tinker mode is tested against
     # (test_tinker_mode.py; the plugin's `cpu` extra pins the same SDK for Trinity's own Tinker modules).
     session.install(CPU_TORCH)
-    session.install("--no-deps", "trinity-rft==0.6.0", "verl==0.9.0")
+    session.install("--no-deps", "trinity-rft==0.6.0", "verl==0.9.0", "vllm==0.23.0")
     session.install(CPU_TORCH, "-e", ".[dev,local,tinker]", "-e", "plugins/trinity[cpu]", "pylatexenc")
     session.run("pytest", "plugins/trinity/tests", *session.posargs)
 

@@ -18,3 +18,13 @@ class ExactAnswerJudge(Judge):
         expected = str(judge_input.task.metadata["answer"])
         solved = answer.endswith(expected)
         return JudgeResult(reward=1.0 if solved else 0.0, success=solved)
+
+
+class AnswerLengthJudge(Judge):
+    """A reward that differs between the episodes of a group (the untrained model never solves a task):
+    how long the final answer is, in steps of 1/6. GRPO then has advantages to train on."""
+
+    name = "answer_length"
+
+    def judge(self, judge_input: JudgeInput) -> JudgeResult:
+        return JudgeResult(reward=(len(judge_input.final_answer or "") % 7) / 6, success=False)

@@ -45,6 +45,7 @@ def test_train_without_gpus_fails_with_a_clear_message(make_config, tmp_path: Pa
     message = caught.value.render()
     assert "The trinity backbone needs GPUs" in message
     assert "--backbone local" in message and "ray start --head" in message
+    assert "trinity.model.tinker.enable=true" in message  # the way to try the run on this machine
     # the generated config was written first, so the user can read what would have run
     from agenttune_trinity.launch import load_trinity_config
 
@@ -62,9 +63,57 @@ def test_more_gpus_asked_than_the_cluster_has_is_a_clear_error():
 
 def test_missing_vllm_is_a_clear_error():
     result = run_python(
+        "import sys\n"
+        "sys.modules['vllm'] = None  # as if it were not installed (the CPU session installs it for the CPU run)\n"
         "from agenttune.plugin_api import UserError\n"
         "from agenttune_trinity.launch import require_vllm\n"
         "try:\n    require_vllm()\nexcept UserError as error:\n    print(error.render())\n",
         stub_vllm=False)
     assert result.returncode == 0, result.stderr
     assert "needs vLLM" in result.stdout and "agenttune-plugin-trinity[trinity]" in result.stdout
+
+
+def test_tinker_mode_runs_on_a_named_server_and_starts_none(make_config, tmp_path: Path, monkeypatch):
+    from agenttune_trinity.tinker_mode import tinker_server
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-hosted")
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+    config = make_config(trinity={"model": {"tinker": {"enable": True, "base_url": "http://tinker.example:8000"}}})
+    with tinker_server(config, "/models/m", tmp_path) as server:
+        assert (server.base_url, server.api_key) == ("http://tinker.example:8000", "tml-hosted")
+        assert os.environ["TINKER_BASE_URL"] == "http://tinker.example:8000"  # for the actors Ray starts
+    assert "TINKER_BASE_URL" not in os.environ
+    assert not (tmp_path / "tinker").exists()
+    with tinker_server(make_config(), "/models/m", tmp_path) as server:
+        assert server is None  # Tinker mode off: the GPU path
+
+
+def test_a_tinker_server_that_cannot_start_is_one_clear_error(make_config, tmp_path: Path):
+    from agenttune_trinity.tinker_mode import tinker_server
+
+    config = make_config(trinity={"model": {"tinker": {"enable": True}}})
+    with pytest.raises(UserError) as caught, tinker_server(config, str(tmp_path / "no-such-model"), tmp_path):
+        pass
+    message = caught.value.render()
+    assert "`agenttune tinker serve`" in message and "exited with status" in message
+    assert str(tmp_path / "tinker" / "server.log") in message
+
+
+def test_tinker_mode_translates_to_trinitys_both_mode_on_no_gpu(make_config):
+    from agenttune_trinity.translation import TrinityPaths, trinity_config
+
+    config = make_config(trinity={"model": {"tinker": {"enable": True, "rank": 8}}},
+                         trainer={"n_gpus_per_node": 1, "learning_rate": 1e-3})
+    native = trinity_config(config, TrinityPaths.placeholder(config))
+    assert native["mode"] == "both"  # not colocate: the Tinker server holds the model, not a GPU
+    assert "cluster" not in native  # Trinity asks Ray, which has no GPU to give
+    assert native["model"]["tinker"] == {"enable": True, "rank": 8}
+
+
+def test_checkpoints_during_a_tinker_mode_run_are_refused(make_config):
+    """Trinity 0.6.0 skips the weight sync of a step that saves; its Tinker trainer's save does not sync."""
+    from agenttune_trinity.backbone import TrinityBackbone
+
+    with pytest.raises(UserError, match="trainer.save_freq=2 with Trinity's Tinker mode"):
+        TrinityBackbone.check(make_config(trinity={"model": {"tinker": {"enable": True}}}, trainer={"save_freq": 2}))
+    TrinityBackbone.check(make_config(trainer={"save_freq": 2}))  # the GPU path saves and syncs as usual

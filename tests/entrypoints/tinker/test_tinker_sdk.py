@@ -400,3 +400,24 @@ def test_concurrent_samples_share_the_engines_batch_and_each_checkpoint_keeps_it
                           (clients[index], clients[1 - index]))
             np.testing.assert_allclose(sequence.logprobs, own, atol=2e-4)
             assert np.abs(own - other).max() > 1e-2  # (the two checkpoints do differ)
+
+
+def test_record_batches_keeps_every_datum_trained_on_and_nothing_else(service, training_client, tokenizer, server,
+                                                                     tmp_path):
+    """`--record-batches`: one JSON line per forward_backward, with the datums' ids and loss inputs as sent;
+    a forward pass (no training) is not recorded."""
+    import json
+
+    trainer = server[1].trainer
+    trainer.batch_record = tmp_path / "batches.jsonl"
+    try:
+        batch = [datum(tokenizer), datum(tokenizer, "Hello world, this is agenttune speaking.", weights=0.5)]
+        training_client.forward_backward(batch, "cross_entropy").result()
+        training_client.forward(batch, "cross_entropy").result()
+    finally:
+        trainer.batch_record = None
+    [line] = [json.loads(text) for text in (tmp_path / "batches.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert (line["model_id"], line["loss_fn"]) == (training_client.get_info().model_id, "cross_entropy")
+    assert [row["tokens"] for row in line["datums"]] == [d.model_input.to_ints() for d in batch]
+    assert [row["target_tokens"] for row in line["datums"]] == [d.loss_fn_inputs["target_tokens"].data for d in batch]
+    assert [set(row["weights"]) for row in line["datums"]] == [{1.0}, {0.5}]

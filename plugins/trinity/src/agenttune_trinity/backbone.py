@@ -6,7 +6,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agenttune.plugin_api import Backbone, UserError, missing_validation_split
-from agenttune_trinity.options import TrinityOptions
+from agenttune_trinity.options import TrinityOptions, tinker_mode
 from agenttune_trinity.translation import TrinityPaths, generated_config, trinity_config
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
     if validation := missing_validation_split(config):
         problems.append(validation)
     problems += engine_problems(config)
+    problems += tinker_mode_problems(config)
     passthrough = config.section("trinity", TrinityOptions).root
     if (passthrough.get("algorithm") or {}).get("rollout_correction"):
         problems.append(UserError(
@@ -73,6 +74,21 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
             "vLLM server for the base model by name, so a LoRA adapter would be trained but never sampled from.",
             hint="Remove trinity.model.lora_configs (full-weight training), or train LoRA with --backbone local."))
     return problems
+
+
+def tinker_mode_problems(config: AgentTuneConfig) -> list[UserError]:
+    """What Trinity-RFT 0.6.0's Tinker mode (the CPU path) cannot run."""
+    if not tinker_mode(config) or not config.trainer.save_freq:
+        return []
+    # trinity/trainer/trainer.py skips the weight sync of a step that saves a checkpoint ("save_checkpoint is a
+    # superset of save_state_dict"), which holds for its verl trainer but not for its Tinker trainer: the
+    # explorer would wait for weights that never come.
+    return [UserError(
+        f"trainer.save_freq={config.trainer.save_freq} with Trinity's Tinker mode: Trinity-RFT 0.6.0 skips the "
+        "weight sync of every step that saves a checkpoint, and its Tinker trainer's checkpoint does not hand the "
+        "new weights to the explorer, so the run would stop at the first save, waiting for them.",
+        hint="Leave trainer.save_freq at 0 with trinity.model.tinker.enable: the final state is still saved, and "
+             "--resume continues from it.")]
 
 
 def engine_problems(config: AgentTuneConfig) -> list[UserError]:

@@ -6,7 +6,9 @@ What `trinity run --config X` does, in process, with agenttune's checks in front
    through Trinity's own `load_config` (Trinity's schema judges every key, passthrough included);
 2. find the Ray cluster: join a running one (`cluster.ray_address`, default "auto": the cluster
    `ray start --head` started on this node) or, when there is none, start one inside this process;
-3. make sure there are GPUs and vLLM, with one clear message each when not;
+3. make sure there are GPUs and vLLM, with one clear message each when not — unless Trinity's Tinker
+   mode is on (`trinity.model.tinker.enable`, the CPU path): then an `agenttune tinker serve` is started
+   first when no server is named, and Trinity samples and trains through it (tinker_mode.py);
 4. write the tasksets from the agenttune task reader, run Trinity's `check_and_update()`, and hand
    over to Trinity's stage runner (`trinity.cli.launcher.run_stage`).
 """
@@ -22,6 +24,7 @@ import yaml
 
 from agenttune.plugin_api import Components, Run, UserError, get_logger, resolve_model_path
 from agenttune_trinity.taskset import write_taskset
+from agenttune_trinity.tinker_mode import tinker_server
 from agenttune_trinity.translation import TrinityPaths, total_gpus, trinity_config, validates
 
 log = get_logger("trinity")
@@ -38,22 +41,31 @@ class Cluster:
     where: str  # for messages
 
 
+LOCAL_TINKER_CLUSTER = Cluster(None, 0.0, "a Ray cluster of the run's own on this machine (Tinker mode)")
+
+
 def launch(run: Run, components: Components) -> Any:
     """Run Trinity-RFT on `run`; returns Trinity's stage status."""
     config = run.config
     paths = TrinityPaths.for_run(run.run_dir, resolve_model_path(config.model.path))
-    trinity_cfg = load_trinity_config(write_trinity_config(trinity_config(config, paths), run.run_dir))
-    cluster = find_cluster(trinity_cfg.cluster.ray_address)
-    require_gpus(cluster, needed=total_gpus(config))
-    if 0 < total_gpus(config) < cluster.gpus:
-        log.warning("the cluster has more GPUs than the config uses", cluster_gpus=cluster.gpus,
-                    used=total_gpus(config), hint="set trainer.n_gpus_per_node and trainer.nnodes to use them")
-    require_vllm()
-    write_tasksets(components, config, Path(paths.tasks))
-    if cluster.address is None:
-        fill_local_cluster(trinity_cfg, cluster)
-    check_and_update(trinity_cfg)
-    return run_stage(trinity_cfg, cluster)
+    with tinker_server(config, paths.model, run.run_dir) as tinker:
+        native = trinity_config(config, paths)
+        if tinker is not None:
+            native["model"]["tinker"]["base_url"] = tinker.base_url
+        trinity_cfg = load_trinity_config(write_trinity_config(native, run.run_dir))
+        # A server on this machine's loopback is reachable from this machine only: a Ray cluster of its own
+        cluster = LOCAL_TINKER_CLUSTER if tinker and tinker.local else find_cluster(trinity_cfg.cluster.ray_address)
+        if tinker is None:
+            require_gpus(cluster, needed=total_gpus(config))
+            if 0 < total_gpus(config) < cluster.gpus:
+                log.warning("the cluster has more GPUs than the config uses", cluster_gpus=cluster.gpus,
+                            used=total_gpus(config), hint="set trainer.n_gpus_per_node and trainer.nnodes to use them")
+            require_vllm()
+        write_tasksets(components, config, Path(paths.tasks))
+        if cluster.address is None:
+            fill_local_cluster(trinity_cfg, cluster)
+        check_and_update(trinity_cfg)
+        return run_stage(trinity_cfg, cluster, env=tinker.env() if tinker else {})
 
 
 def write_trinity_config(native: dict[str, Any], run_dir: Path) -> Path:
@@ -117,7 +129,9 @@ def require_gpus(cluster: Cluster, *, needed: int) -> None:
                     "vLLM and trains with verl's FSDP workers, both on CUDA devices.",
                     hint="Run on a GPU machine, or join a GPU cluster (`ray start --head` on a GPU node, "
                          "`ray start --address=HEAD:6379` on the others, then `agenttune train` on the head). "
-                         "Without GPUs, use --backbone local (real GRPO training on CPU) or --backbone debug.")
+                         "To try the run on this machine first, add trinity.model.tinker.enable=true (Trinity's "
+                         "own loop in its Tinker mode, on CPU, against an `agenttune tinker serve` the backbone "
+                         "starts); --backbone local trains on CPU without Trinity.")
 
 
 def require_vllm() -> None:
@@ -145,14 +159,16 @@ def fill_local_cluster(trinity_cfg: Any, cluster: Cluster) -> None:
             trinity_cfg.mode = "colocate"  # what Trinity picks itself for a one-GPU cluster
 
 
-def run_stage(trinity_cfg: Any, cluster: Cluster) -> Any:
-    """Trinity's stage runner; a cluster started here lives until the stage ends."""
+def run_stage(trinity_cfg: Any, cluster: Cluster, *, env: dict[str, str]) -> Any:
+    """Trinity's stage runner; a cluster started here lives until the stage ends. `env` goes to every
+    actor (Tinker mode's server and key)."""
     import ray
     from trinity.cli.launcher import run_stage as trinity_run_stage
 
     if cluster.address is None:
         # run_stage's own ray.init then joins this one (ignore_reinit_error) and shuts it down at the end.
-        ray.init(namespace=trinity_cfg.ray_namespace, runtime_env={"env_vars": trinity_cfg.get_envs()},
+        # "local": a new cluster, never one that `ray start` (or another run) left on this machine
+        ray.init(address="local", namespace=trinity_cfg.ray_namespace, runtime_env={"env_vars": {**trinity_cfg.get_envs(), **env}},
                  include_dashboard=False)
     else:
         trinity_cfg.cluster.ray_address = cluster.address

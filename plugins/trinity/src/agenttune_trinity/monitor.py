@@ -34,6 +34,9 @@ class AgentTuneMonitor(Monitor):
     def log(self, data: dict, step: int, commit: bool = False) -> None:
         if self.metrics_log is not None:
             numbers_only = {key: scalar for key, value in data.items() if (scalar := _scalar(value)) is not None}
+            # Trinity's Tinker trainer also reports a "step" of its own that restarts at 1 after a resume;
+            # the step Trinity logs at is the run's
+            numbers_only.pop("step", None)
             if numbers_only:
                 self.metrics_log.write(step, numbers_only)
         for monitor in self.inner:

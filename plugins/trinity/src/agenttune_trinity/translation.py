@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.plugin_api import AgentTuneConfig, UserError
-from agenttune_trinity.options import TrinityOptions
+from agenttune_trinity.options import TrinityOptions, tinker_mode
 
 # The Trinity workflow that runs agenttune workflows, by dotted path: Trinity imports it in each of
 # its workflow-runner processes (`WORKFLOWS.get("pkg.mod.Class")`), nothing has to be pre-registered.
@@ -78,7 +78,13 @@ def total_gpus(config: AgentTuneConfig) -> int:
 
 def mode(config: AgentTuneConfig) -> str:
     # One GPU: rollout and training take turns on it (Trinity's `colocate`). More: they split them.
-    return "colocate" if total_gpus(config) == 1 else "both"
+    # Tinker mode: the Tinker server holds the model; explorer and trainer run side by side on no GPU.
+    return "colocate" if total_gpus(config) == 1 and not tinker_mode(config) else "both"
+
+
+def gpu_cluster(config: AgentTuneConfig) -> bool:
+    """The config names the cluster's GPUs (else Trinity asks Ray; Tinker mode uses none)."""
+    return bool(config.trainer.n_gpus_per_node) and not tinker_mode(config)
 
 
 def rollout_engines(config: AgentTuneConfig) -> int:
@@ -416,7 +422,7 @@ def _t(trinity_key: str, source: str, value: Value) -> Translation:
 
 TRANSLATIONS: tuple[Translation, ...] = (
     # the job
-    _t("mode", "trainer.n_gpus_per_node × trainer.nnodes (1 GPU: colocate, else both)", lambda c, p: mode(c)),
+    _t("mode", "trainer.n_gpus_per_node × trainer.nnodes (1 GPU: colocate, else both; Tinker mode: both)", lambda c, p: mode(c)),
     _t("project", "project_name", lambda c, p: c.project_name),
     _t("name", "experiment_name", lambda c, p: c.experiment_name),
     _t("checkpoint_root_dir", "the run directory (<run_dir>/checkpoints)", lambda c, p: p.checkpoints),
@@ -437,9 +443,10 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("model.temperature", "rollout.temperature", lambda c, p: c.rollout.temperature),
     _t("model.top_p", "rollout.top_p", lambda c, p: c.rollout.top_p),
     _t("model.top_k", "rollout.top_k", lambda c, p: c.rollout.top_k),
-    # cluster (0 GPUs per node: left to Trinity, which asks Ray)
-    _t("cluster.node_num", "trainer.nnodes", lambda c, p: c.trainer.nnodes if c.trainer.n_gpus_per_node else None),
-    _t("cluster.gpu_per_node", "trainer.n_gpus_per_node", lambda c, p: c.trainer.n_gpus_per_node or None),
+    # cluster (0 GPUs per node, or Tinker mode: left to Trinity, which asks Ray)
+    _t("cluster.node_num", "trainer.nnodes", lambda c, p: c.trainer.nnodes if gpu_cluster(c) else None),
+    _t("cluster.gpu_per_node", "trainer.n_gpus_per_node", lambda c, p: c.trainer.n_gpus_per_node if gpu_cluster(c)
+       else None),
     # algorithm: GRPO, group size = num_repeat
     _t("algorithm.algorithm_type", "algorithm.adv_estimator (grpo → multi_step_grpo); policy_loss distillation → "
        "on_policy_distill", lambda c, p: algorithm_type(c)),
@@ -477,7 +484,8 @@ TRANSLATIONS: tuple[Translation, ...] = (
        "task_reader.validation_split (→ validation.jsonl), rollout.val_temperature; only when validating",
        eval_tasksets),
     # explorer: vLLM rollout engines behind an OpenAI API (the gateway sends it prompt token ids)
-    _t("explorer.rollout_model.engine_type", "(vllm)", lambda c, p: "vllm"),
+    _t("explorer.rollout_model.engine_type", "(vllm; Tinker mode: tinker)",
+       lambda c, p: "tinker" if tinker_mode(c) else "vllm"),
     _t("explorer.rollout_model.engine_num", "(trainer.n_gpus_per_node × trainer.nnodes − the teacher's GPU) ÷ 2 "
        "(colocate: 1)", lambda c, p: rollout_engines(c)),
     _t("explorer.rollout_model.tensor_parallel_size", "(1; set trinity.explorer.rollout_model.… for more)",
@@ -497,13 +505,15 @@ TRANSLATIONS: tuple[Translation, ...] = (
        lambda c, p: c.trainer.test_freq or NEVER),
     _t("explorer.eval_on_startup", "trainer.val_before_train", lambda c, p: c.trainer.val_before_train),
     # trainer (verl FSDP2, inside Trinity)
-    _t("trainer.trainer_type", "(verl)", lambda c, p: "verl"),
+    _t("trainer.trainer_type", "(verl; Tinker mode: tinker)",
+       lambda c, p: "tinker" if tinker_mode(c) else "verl"),
     _t("trainer.save_interval", "trainer.save_freq (0: only the final checkpoint)", lambda c, p: c.trainer.save_freq),
     _t("trainer.save_hf_checkpoint", "(last: the final model as a Hugging Face checkpoint)", lambda c, p: "last"),
     _t("trainer.grad_clip", "trainer.grad_clip", lambda c, p: c.trainer.grad_clip),
     _t("trainer.total_steps", "trainer.total_steps", lambda c, p: c.trainer.total_steps),
     # synchronizer: weights go to the rollout engines after every step; trainer.mode picks the schedule
-    _t("synchronizer.sync_method", "(nccl; colocate: memory, chosen by Trinity)", lambda c, p: "nccl"),
+    _t("synchronizer.sync_method", "(nccl; colocate: memory, chosen by Trinity; Tinker mode: checkpoint)",
+       lambda c, p: "checkpoint" if tinker_mode(c) else "nccl"),
     _t("synchronizer.sync_style", "trainer.mode (sync, one_step_off: fixed; async: fully_async)",
        lambda c, p: sync_style(c)),
     _t("synchronizer.sync_interval", "(1: every step, as the local backbone)", lambda c, p: 1),

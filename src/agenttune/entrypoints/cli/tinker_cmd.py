@@ -27,6 +27,9 @@ def serve(
     allow_host: list[str] = typer.Option(None, "--allow-host", help="A host name clients may address besides "
                                          "loopback (repeatable); other Host and Origin headers are refused "
                                          "while --host is loopback."),
+    record_batches: Path = typer.Option(None, "--record-batches", show_default=False,
+                                        help="Append every datum trained on (forward_backward) to this JSON-lines "
+                                             "file: token ids and loss inputs, one line per call."),
 ) -> None:
     """Serve MODEL to the `tinker` SDK: LoRA training clients, sampling and tinker:// checkpoints."""
     from rich.console import Console
@@ -51,4 +54,4 @@ def serve(
         console.print(f"Tinker base URL: [bold]{base_url}[/] ({key}); Ctrl-C stops", markup=True)
 
     serve_forever(model, host=host, port=port, state_dir=state_dir, api_key=api_key,
-                  allow_hosts=tuple(allow_host or ()), on_ready=ready)
+                  allow_hosts=tuple(allow_host or ()), on_ready=ready, batch_record=record_batches)

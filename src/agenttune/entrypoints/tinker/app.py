@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agenttune.entrypoints.tinker.checkpoints import CheckpointStore
@@ -47,9 +48,10 @@ class TinkerState:
     trainer: Trainer = field(init=False)
     sampler: Sampler = field(init=False)
     sessions: set[str] = field(default_factory=set)
+    batch_record: Path | None = None
 
     def __post_init__(self) -> None:
-        self.trainer = Trainer(self.host, self.store)
+        self.trainer = Trainer(self.host, self.store, batch_record=self.batch_record)
         self.sampler = Sampler(self.host, self.store, self.futures)
 
 

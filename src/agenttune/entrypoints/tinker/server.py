@@ -20,7 +20,8 @@ MIB = 2**20
 LIMITS = ServerLimits(max_body_bytes=64 * MIB)
 
 
-def build_state(model: str, state_dir: Path, *, device: str = "auto", poll_s: float = 20.0) -> Any:
+def build_state(model: str, state_dir: Path, *, device: str = "auto", poll_s: float = 20.0,
+                batch_record: Path | None = None) -> Any:
     """The model loaded, the checkpoint store opened: what the app serves."""
     from agenttune.components.engines.model_loading import resolve_model_path
     from agenttune.entrypoints.tinker.app import TinkerState
@@ -29,17 +30,19 @@ def build_state(model: str, state_dir: Path, *, device: str = "auto", poll_s: fl
     from agenttune.entrypoints.tinker.models import ModelHost
 
     host = ModelHost(model, resolve_model_path(model, key="--model"), device=device)
-    return TinkerState(host, CheckpointStore(state_dir.expanduser()), Futures(poll_s=poll_s))
+    return TinkerState(host, CheckpointStore(state_dir.expanduser()), Futures(poll_s=poll_s),
+                       batch_record=batch_record)
 
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, state_dir: Path = DEFAULT_STATE_DIR,
-          api_key: str | None = None, allow_hosts: tuple[str, ...] = (), on_ready: Any = print) -> None:
+          api_key: str | None = None, allow_hosts: tuple[str, ...] = (), on_ready: Any = print,
+          batch_record: Path | None = None) -> None:
     """Serve until Ctrl-C; `on_ready(base_url)` once the socket listens."""
     from agenttune.entrypoints.tinker.app import build_app
     from agenttune.web.connections import guarded_server_class, uvicorn_config
     from agenttune.web.requests import allowed_hosts
 
-    state = build_state(model, state_dir)
+    state = build_state(model, state_dir, batch_record=batch_record)
     app = build_app(state, api_key=api_key, limits=LIMITS, allowed_hosts=allowed_hosts(host, allow_hosts))
     sock = _bind(host, port)
     server = guarded_server_class()(uvicorn_config(app, LIMITS, log_level="warning"))

@@ -8,8 +8,10 @@ optimizer's state under the checkpoint store; loading restores them, also after 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,9 +35,12 @@ class TrainingRun:
 
 
 class Trainer:
-    def __init__(self, host: ModelHost, store: CheckpointStore):
+    def __init__(self, host: ModelHost, store: CheckpointStore, *, batch_record: Path | None = None):
         self.host, self.store = host, store
         self.runs: dict[str, TrainingRun] = {}
+        # `--record-batches`: every datum a client trains on, one JSON line per forward_backward, so a
+        # client's loop can be checked against what it sampled (the trinity backbone's CPU path keeps one)
+        self.batch_record = batch_record
 
     def create(self, model_id: str, lora: LoraSettings) -> TrainingRun:
         if model_id in self.runs:
@@ -79,10 +84,21 @@ class Trainer:
             total = torch.stack([loss.sum() for loss in losses]).sum()
             if not forward_only:
                 total.backward()
+        if not forward_only and self.batch_record is not None:
+            self._record(model_id, loss_fn, data)
         outputs = [{"logprobs": row.detach().float().cpu().numpy(),
                     "elementwise_loss": loss.detach().float().cpu().numpy()}
                    for row, loss in zip(logprobs, losses, strict=True)]
         return outputs, {"loss:sum": float(total.detach())}
+
+    def _record(self, model_id: str, loss_fn: str, data: list[Datum]) -> None:
+        assert self.batch_record is not None
+        line = {"model_id": model_id, "loss_fn": loss_fn, "time": time.time(),
+                "datums": [{"tokens": list(datum.tokens),
+                            **{name: value.reshape(-1).tolist() for name, value in datum.inputs.items()}}
+                           for datum in data]}
+        with self.batch_record.open("a", encoding="utf-8") as record:
+            record.write(json.dumps(line) + "\n")
 
     def optim_step(self, model_id: str, params: dict[str, Any]) -> dict[str, float]:
         import torch
