@@ -71,6 +71,11 @@ def new_runs() -> Iterator[Callable[[], list[Path]]]:
     yield made
     for directory in made():
         shutil.rmtree(directory, ignore_errors=True)
+    for parent in (base, base.parent, base.parent.parent):  # runs/math_agent/smoke, if now empty: the checkout as it was
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (someone's runs) or not there
+            break
 
 
 def episodes(run_dir: Path) -> list[dict]:
