@@ -31,6 +31,9 @@ SMOKE = "examples/math_agent/math_agent_smoke.yaml"
 HUB = "examples/math_agent/math_agent.yaml"
 # The console script the README runs, from this session's environment (PATH may name another one).
 AGENTTUNE = str(Path(sys.executable).with_name("agenttune"))
+# How an episode of the random tiny model may end without anything failing: its noise can read as a
+# broken tool call (madness: penalised, still trained) or keep the agent calling until its turn limit.
+NORMAL_ENDS = ("ok", "madness", "turn_limit")
 
 
 def readme_commands() -> list[list[str]]:
@@ -95,9 +98,11 @@ def test_readme_smoke_run_debug(new_runs):
     [run_dir] = new_runs()
     rollouts = episodes(run_dir)
     assert len(rollouts) == 4  # debug.first_n_tasks 2 x rollout.num_repeat 2
-    for episode in rollouts:  # the random model answers noise: judged 0, but every episode ran
-        assert (episode["status"], episode["reward"]) == ("ok", 0.0), episode["error"]
-        assert episode["samples"] and episode["judge_details"]["ground_truth"]
+    for episode in rollouts:  # the random model answers noise, but every episode ends normally, trainable
+        assert episode["status"] in NORMAL_ENDS, (episode["status"], episode["error"])
+        assert episode["samples"] and isinstance(episode["reward"], float)
+        if episode["status"] != "turn_limit":  # judged (a madness penalty keeps the judge's details)
+            assert episode["judge_details"]["ground_truth"]
 
 
 def test_readme_smoke_run_local(new_runs):
@@ -142,7 +147,7 @@ def test_readme_local_copy_route(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     [run_dir] = (tmp_path / "runs" / "math_agent" / "gsm8k_react").glob("*")
     [episode] = episodes(run_dir)
-    assert episode["status"] == "ok", episode["error"]
+    assert episode["status"] in NORMAL_ENDS, (episode["status"], episode["error"])
     # The gsm8k columns preset applied to the copy: question -> query, the number after #### -> ground truth.
     first = json.loads((EXAMPLE / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[0])
     assert episode["task"]["query"] == first["question"]
