@@ -1,40 +1,19 @@
-"""The seeds' math agent on AgentScope 1.x: a ReAct agent that may run Python, answering in \\boxed{}.
+"""The math agent for whichever AgentScope line is installed: the module both configs name.
 
-Written exactly as an AgentScope user would, except for two lines: the model comes from
-`tuner.as_agentscope_model()`, and the Python tool is agenttune's sandboxed drop-in for
-`agentscope.tool.execute_python_code` (time and memory limits, so model-written code cannot hang or
-kill a rollout). For AgentScope 2.x see `math_agent_v2.py`.
+`workflow: math_agent:MathAgentWorkflow` works unchanged with AgentScope 1.x (`math_agent_v1.py`,
+the tutorial's ReActAgent) and 2.x (`math_agent_v2.py`, `Agent`): the two lines share no agent API,
+so each has its own module, and this one imports the installed line's. No config names a line:
+`pip install -e plugins/agentscope` alone brings 2.x, the `agentscope1` extra the tutorial's 1.x.
 """
 
 from __future__ import annotations
 
-from agentscope.agent import ReActAgent
-from agentscope.formatter import DashScopeChatFormatter
-from agentscope.memory import InMemoryMemory
-from agentscope.message import Msg
-from agentscope.tool import Toolkit
-from agenttune_agentscope.tools import execute_python_code
-from math_task import SYSTEM_PROMPT, answer_output
+from agenttune_agentscope import agentscope_line
 
-from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.workflow.tuner import ModelTuner
+# agentscope_line() is one paragraph (which versions to install) when AgentScope is missing or too new.
+if agentscope_line() == 1:
+    from math_agent_v1 import MathAgentWorkflow
+else:
+    from math_agent_v2 import MathAgentWorkflow
 
-
-class MathAgentWorkflow(Workflow):
-    name = "math_agent_workflow"
-
-    async def execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
-        toolkit = Toolkit()
-        toolkit.register_tool_function(execute_python_code)
-        agent = ReActAgent(
-            name="math_react_agent",
-            sys_prompt=SYSTEM_PROMPT,
-            model=tuner.as_agentscope_model(),
-            formatter=DashScopeChatFormatter(),
-            toolkit=toolkit,
-            memory=InMemoryMemory(),
-            max_iters=2,
-        )
-        agent.set_console_output_enabled(False)
-        result = await agent.reply(Msg("user", task.query, role="user"))
-        return answer_output(result)
+__all__ = ["MathAgentWorkflow"]

@@ -1,6 +1,6 @@
 """What the math agent is asked, on either AgentScope line: its system prompt, and the answer it gives.
 
-`math_agent.py` (AgentScope 1.x) and `math_agent_v2.py` (2.x) build different agents around the
+`math_agent_v1.py` (AgentScope 1.x) and `math_agent_v2.py` (2.x) build different agents around the
 same task; the `math` judge reads the `\\boxed{}` answer from `final_answer`.
 """
 

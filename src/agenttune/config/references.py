@@ -61,6 +61,8 @@ def load_reference(reference: str, *, key: str = "reference", search_path: Path 
             f"{key}: importing {module_name!r} needs {error.name!r}, which is not installed ({error}).",
             hint=import_hint(error) or f"Install the package that provides {error.name!r}.",
         ) from error
+    except UserError as error:  # the module said itself what is wrong and how to fix it (e.g. a version check)
+        raise UserError(f"{key}: importing {module_name!r}: {error.message}", hint=error.hint) from error
     except Exception as error:  # the user's module raised while importing: show what and where
         raise UserError(
             f"{key}: importing {module_name!r} raised {type(error).__name__}: {error}.",

@@ -138,3 +138,17 @@ def test_a_workflow_module_that_raises_on_import_is_a_user_error(run_cli, projec
     result = run_cli("train", "--conf", project(workflow="exploding:Anything"), "--run-dir", tmp_path / "run")
     assert result.exit_code == 2
     assert "workflow: importing 'exploding' raised RuntimeError: boom at import" in result.stderr
+
+
+def test_a_user_error_raised_on_import_keeps_its_own_hint(run_cli, project, tmp_path):
+    # What examples/math_agent/math_agent.py raises when no supported AgentScope line is installed.
+    (tmp_path / "versioned.py").write_text(
+        "from agenttune.errors import UserError\n"
+        "raise UserError('agentscope 3.0.0 is installed, but only 1.x and 2.x are supported.', "
+        "hint='Install agentscope==2.0.10.')\n", encoding="utf-8")
+    result = run_cli("train", "--conf", project(workflow="versioned:Anything"), "--run-dir", tmp_path / "run")
+    assert result.exit_code == 2
+    assert result.error.count("\n") == 1  # one paragraph
+    assert ("workflow: importing 'versioned': agentscope 3.0.0 is installed, but only 1.x and 2.x are "
+            "supported. Install agentscope==2.0.10.") in result.error
+    assert "Fix the error in that module" not in result.error
