@@ -35,11 +35,12 @@ from agenttune.plugin_api import (
     UserError,
     get_logger,
 )
+from agenttune_verl.cpu import PLATFORM, ray_resources
 from agenttune_verl.dataset import write_tasks
 from agenttune_verl.metrics_bridge import MetricsFollower
 from agenttune_verl.options import RayOptions
 from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus
-from agenttune_verl.verl_config import build_verl_config, teacher_gpus
+from agenttune_verl.verl_config import build_verl_config, runs_on_cpu, teacher_gpus
 
 log = get_logger("verl.launch")
 
@@ -96,25 +97,30 @@ def write_verl_config(run: Run, paths: VerlPaths) -> Path:
     from omegaconf import OmegaConf, open_dict
 
     verl_config = build_verl_config(run.config, paths)
+    on_cpu = runs_on_cpu(verl_config)
     # Every Ray worker, on any node, needs these (verl merges ray_init.runtime_env into ray.init).
     with open_dict(verl_config):
         runtime_env = verl_config.ray_kwargs.ray_init.runtime_env
-        runtime_env.env_vars = {**runtime_env.get("env_vars", {}), **trainer_env(run)}
+        runtime_env.env_vars = {**runtime_env.get("env_vars", {}), **trainer_env(run, on_cpu=on_cpu)}
     path = verl_dir(run) / f"{CONFIG_NAME}.yaml"
     OmegaConf.save(verl_config, path)
     return path
 
 
-def trainer_env(run: Run) -> dict[str, str]:
-    return {
+def trainer_env(run: Run, *, on_cpu: bool) -> dict[str, str]:
+    env = {
         "VERL_FILE_LOGGER_PATH": str(verl_dir(run) / "metrics.jsonl"),
         "TENSORBOARD_DIR": str(run.run_dir.resolve() / "tensorboard"),
     }
+    if on_cpu:  # verl's processes pick the cpu platform that agenttune_verl.cpu registers
+        env["VERL_PLATFORM"] = PLATFORM
+    return env
 
 
 @contextmanager
-def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
-    """Join `ray.address` or start a local Ray head; check its GPUs; yield the address verl should join."""
+def ray_cluster(config: AgentTuneConfig, *, on_cpu: bool = False) -> Iterator[str]:
+    """Join `ray.address` or start a local Ray head; check its GPUs; yield the address verl should join.
+    On CPU (`verl.trainer.device=cpu`) a local head declares one logical GPU per trainer rank."""
     import ray
 
     address = config.section("ray", RayOptions).address
@@ -122,6 +128,8 @@ def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        elif on_cpu:
+            ray.init(include_dashboard=False, **ray_resources(total_gpus(config)))
         else:
             ray.init(include_dashboard=False)
     except Exception as error:
@@ -152,8 +160,9 @@ def check_gpus(config: AgentTuneConfig, resources: dict[str, Any], *, where: str
             f"{config.trainer.n_gpus_per_node} x trainer.nnodes={config.trainer.nnodes}{teacher_part}), but the "
             f"Ray cluster {where} has {available}.",
             hint="Run on a machine with NVIDIA GPUs or join a GPU cluster with ray.address=..., lower "
-                 "trainer.n_gpus_per_node / trainer.nnodes, or train here with --backbone local "
-                 "(one machine, CPU or one GPU) or --backbone debug.")
+                 "trainer.n_gpus_per_node / trainer.nnodes, or try this verl run on the CPU first with "
+                 "verl.trainer.device=cpu (a small model: see 'Trying a run on CPU' in the verl plugin's README), "
+                 "or train here with --backbone local or --backbone debug.")
 
 
 def trainer_command(run: Run) -> list[str]:
@@ -162,10 +171,10 @@ def trainer_command(run: Run) -> list[str]:
             f"hydra.run.dir={_hydra_quote(str(hydra_dir))}"]
 
 
-def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None) -> None:
+def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None, on_cpu: bool = False) -> None:
     """Run verl's trainer (or `command`) to completion, teeing its output and bridging its metrics."""
     command = command or trainer_command(run)
-    env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run)}
+    env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run, on_cpu=on_cpu)}
     trainer_log = verl_dir(run) / "trainer.log"
     follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run),
                                MetricsLog(run.metrics_path))
