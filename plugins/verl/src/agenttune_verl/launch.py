@@ -16,6 +16,7 @@ a machine without GPUs fails here with a clear message instead of deep inside ve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ log = get_logger("verl.launch")
 
 CONFIG_NAME = "ppo_agenttune"
 TRAINER_ENTRY = "verl.trainer.main_ppo"
+VERL_LATEST_CHECKPOINT = "latest_checkpointed_iteration.txt"  # verl's pointer to its newest checkpoint
 
 
 def verl_dir(run: Run) -> Path:
@@ -100,11 +102,28 @@ def write_verl_config(run: Run, paths: VerlPaths) -> Path:
     on_cpu = runs_on_cpu(verl_config)
     # Every Ray worker, on any node, needs these (verl merges ray_init.runtime_env into ray.init).
     with open_dict(verl_config):
+        verl_config.trainer.resume_mode = resume_mode(run)
         runtime_env = verl_config.ray_kwargs.ray_init.runtime_env
         runtime_env.env_vars = {**runtime_env.get("env_vars", {}), **trainer_env(run, on_cpu=on_cpu)}
     path = verl_dir(run) / f"{CONFIG_NAME}.yaml"
     OmegaConf.save(verl_config, path)
     return path
+
+
+def resume_mode(run: Run) -> str:
+    """verl resumes from the latest checkpoint in `trainer.default_local_dir` by itself (`auto`); agenttune
+    does so on `--resume` only, and refuses to train over an earlier run, as the local backbone does."""
+    latest = run.checkpoints_dir / VERL_LATEST_CHECKPOINT
+    if run.resume:
+        if not latest.is_file():
+            raise UserError(f"--resume: there is no verl checkpoint in {str(run.checkpoints_dir)!r}.",
+                            hint="Start without --resume, or pass the --run-dir of a run that saved checkpoints "
+                                 "(trainer.save_freq).")
+        return "auto"
+    if latest.is_file() or MetricsLog(run.metrics_path).read():
+        raise UserError(f"The run directory {str(run.run_dir)!r} already holds a training run.",
+                        hint="Pass --resume to continue it, or choose a new --run-dir.")
+    return "disable"
 
 
 def trainer_env(run: Run, *, on_cpu: bool) -> dict[str, str]:
@@ -125,6 +144,7 @@ def ray_cluster(config: AgentTuneConfig, *, on_cpu: bool = False) -> Iterator[st
 
     address = config.section("ray", RayOptions).address
     where = f"at {address}" if address else "started on this machine"
+    earlier = _descendants()  # processes that are not Ray's: left alone when the head stops
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -146,7 +166,30 @@ def ray_cluster(config: AgentTuneConfig, *, on_cpu: bool = False) -> Iterator[st
             yield ray.get_runtime_context().gcs_address
     finally:
         if ray.is_initialized():
-            ray.shutdown()
+            stop_ray(earlier if address is None else None)
+
+
+def stop_ray(earlier: set[int] | None, *, grace_s: float = 20.0) -> None:
+    """Shut Ray down; for a head started here (`earlier`: the processes that were there before it), also wait
+    for its processes (verl's actors notice the head is gone only seconds later) and end those that outlive
+    the grace period, so that none outlives the run."""
+    import psutil
+    import ray
+
+    ray_processes = [process for process in psutil.Process().children(recursive=True)
+                     if earlier is not None and process.pid not in earlier]
+    ray.shutdown()
+    _, alive = psutil.wait_procs(ray_processes, timeout=grace_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {process.pid for process in psutil.Process().children(recursive=True)}
 
 
 def check_gpus(config: AgentTuneConfig, resources: dict[str, Any], *, where: str) -> None:
@@ -176,6 +219,7 @@ def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None,
     command = command or trainer_command(run)
     env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run, on_cpu=on_cpu)}
     trainer_log = verl_dir(run) / "trainer.log"
+    set_aside_earlier_metrics(verl_dir(run) / "metrics.jsonl")
     follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run),
                                MetricsLog(run.metrics_path))
     log.info("starting verl", command=" ".join(command), ray_address=ray_address)
@@ -195,6 +239,17 @@ def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None,
         raise UserError(f"verl's trainer exited with code {code}.",
                         hint=f"Its output is above and in {trainer_log}; the config it ran is "
                              f"{verl_dir(run) / (CONFIG_NAME + '.yaml')}.")
+
+
+def set_aside_earlier_metrics(path: Path) -> None:
+    """A resumed run: verl rewrites its metrics file from scratch, and the steps in it are in the run's
+    metrics.jsonl already; the file is kept as metrics.<n>.jsonl, and the follower reads only the new one."""
+    if not path.exists():
+        return
+    number = 1
+    while (earlier := path.with_suffix(f".{number}.jsonl")).exists():
+        number += 1
+    path.rename(earlier)
 
 
 def _hydra_quote(value: str) -> str:
