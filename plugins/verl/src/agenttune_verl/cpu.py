@@ -228,6 +228,8 @@ def use_gloo_by_default() -> None:
     from verl.utils import distributed
 
     function = distributed.initialize_global_process_group_ray
+    if function.__defaults__ == (None, "gloo"):  # done already in this process
+        return
     if function.__defaults__ != (None, None):
         raise RuntimeError(f"verl's initialize_global_process_group_ray has defaults {function.__defaults__}, "
                            f"not those of verl {VERL_VERSION}'s (None, None): the CPU patch does not fit.")

@@ -161,7 +161,9 @@ def _tied_names(model: Any) -> set[str]:
     return set(keys if isinstance(keys, list | tuple | set) else keys.keys())
 
 
-def _threads() -> int | None:
+def _threads() -> int:
+    """Half the cores for decoding: the trainer's worker shares the machine (the hf engine's rule for a shared
+    model, components/engines/hf.py)."""
     return max(1, (os.cpu_count() or 2) // 2)
 
 
