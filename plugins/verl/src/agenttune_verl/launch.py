@@ -10,8 +10,11 @@
 
 Ray: with `ray.address` set the run joins that cluster; otherwise a local Ray head is started in this
 process for the duration of the run. Either way the cluster's GPUs are counted before verl starts, so
-a machine without GPUs fails here with a clear message instead of deep inside verl. verl's trainer
-(`python -m verl.trainer.main_ppo`) then runs in a child process attached to the same cluster.
+a machine without GPUs fails here with a clear message instead of deep inside verl — unless the run asks
+for the CPU (`verl.trainer.device=cpu`, cpu.py): then the local head declares one logical GPU per trainer
+rank. verl's trainer (`python -m verl.trainer.main_ppo`) then runs in a child process attached to the same
+cluster. `--resume` continues from verl's latest checkpoint (`trainer.resume_mode: auto`); without it a run
+directory that holds a run is refused.
 """
 
 from __future__ import annotations
