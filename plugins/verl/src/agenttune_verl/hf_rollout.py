@@ -58,10 +58,15 @@ class HFRolloutServer:
                        **unused: Any) -> TokenOutput:
         """verl's server call (`LLMServerClient.generate`); image/video/priority keywords are not used."""
         sampling = _sampling(sampling_params, self.config, len(prompt_ids))
+        started = self.global_steps
         generation = await self.engine.generate(list(prompt_ids), sampling, request_id=request_id)
+        # In asynchronous modes a weight update can land mid-generation (between two decode steps): verl's
+        # off-policy bound reads the oldest and newest versions that sampled the reply.
+        versions = generation.versions or [started, self.global_steps]
         return TokenOutput(token_ids=list(generation.token_ids), log_probs=generation.logprobs,
                            stop_reason=_STOP_REASONS.get(generation.finish_reason, "completed"),
-                           extra_fields={"global_steps": self.global_steps})
+                           extra_fields={"global_steps": self.global_steps, "min_global_steps": _min(versions),
+                                         "max_global_steps": _max(versions)})
 
     async def update_weights(self, tensors: dict[str, Any], global_steps: int | None) -> None:
         """Load the trainer's full weights, then swap them into the engine between two decode steps."""
@@ -153,6 +158,16 @@ def _load(model_config: Any, tokenizer: Any = None) -> tuple[Any, Any]:
         tokenizer_path = model_config.local_tokenizer_path or model_config.tokenizer_path or path
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust)
     return model, tokenizer
+
+
+def _min(versions: list[int | None]) -> int | None:
+    known = [version for version in versions if version is not None]
+    return min(known) if known else None
+
+
+def _max(versions: list[int | None]) -> int | None:
+    known = [version for version in versions if version is not None]
+    return max(known) if known else None
 
 
 def _tied_names(model: Any) -> set[str]:
