@@ -43,12 +43,17 @@ class VerlBackbone(Backbone):
 
     def run(self, run: Run) -> None:
         from agenttune.plugin_api import resolve
+        from agenttune_verl.cpu import check_verl_version
         from agenttune_verl.launch import prepare, ray_cluster, run_trainer
+        from agenttune_verl.verl_config import build_verl_config, runs_on_cpu
 
         components = run.components or resolve(run.config)  # what `agenttune train` resolved, else once here
+        on_cpu = runs_on_cpu(build_verl_config(run.config, VerlPaths.placeholder(run.config)))
+        if on_cpu:
+            check_verl_version()  # before Ray starts: the CPU patches are written for one verl version
         prepare(run, components)
-        with ray_cluster(run.config) as address:
-            run_trainer(run, address)
+        with ray_cluster(run.config, on_cpu=on_cpu) as address:
+            run_trainer(run, address, on_cpu=on_cpu)
 
 
 def require_verl() -> None:

@@ -10,12 +10,16 @@
 
 Ray: with `ray.address` set the run joins that cluster; otherwise a local Ray head is started in this
 process for the duration of the run. Either way the cluster's GPUs are counted before verl starts, so
-a machine without GPUs fails here with a clear message instead of deep inside verl. verl's trainer
-(`python -m verl.trainer.main_ppo`) then runs in a child process attached to the same cluster.
+a machine without GPUs fails here with a clear message instead of deep inside verl — unless the run asks
+for the CPU (`verl.trainer.device=cpu`, cpu.py): then the local head declares one logical GPU per trainer
+rank. verl's trainer (`python -m verl.trainer.main_ppo`) then runs in a child process attached to the same
+cluster. `--resume` continues from verl's latest checkpoint (`trainer.resume_mode: auto`); without it a run
+directory that holds a run is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -35,16 +39,18 @@ from agenttune.plugin_api import (
     UserError,
     get_logger,
 )
+from agenttune_verl.cpu import PLATFORM, ray_resources
 from agenttune_verl.dataset import write_tasks
 from agenttune_verl.metrics_bridge import MetricsFollower
 from agenttune_verl.options import RayOptions
 from agenttune_verl.translation import AGENT_LOOP_NAME, VerlPaths, total_gpus
-from agenttune_verl.verl_config import build_verl_config, teacher_gpus
+from agenttune_verl.verl_config import build_verl_config, runs_on_cpu, teacher_gpus
 
 log = get_logger("verl.launch")
 
 CONFIG_NAME = "ppo_agenttune"
 TRAINER_ENTRY = "verl.trainer.main_ppo"
+VERL_LATEST_CHECKPOINT = "latest_checkpointed_iteration.txt"  # verl's pointer to its newest checkpoint
 
 
 def verl_dir(run: Run) -> Path:
@@ -96,32 +102,57 @@ def write_verl_config(run: Run, paths: VerlPaths) -> Path:
     from omegaconf import OmegaConf, open_dict
 
     verl_config = build_verl_config(run.config, paths)
+    on_cpu = runs_on_cpu(verl_config)
     # Every Ray worker, on any node, needs these (verl merges ray_init.runtime_env into ray.init).
     with open_dict(verl_config):
+        verl_config.trainer.resume_mode = resume_mode(run)
         runtime_env = verl_config.ray_kwargs.ray_init.runtime_env
-        runtime_env.env_vars = {**runtime_env.get("env_vars", {}), **trainer_env(run)}
+        runtime_env.env_vars = {**runtime_env.get("env_vars", {}), **trainer_env(run, on_cpu=on_cpu)}
     path = verl_dir(run) / f"{CONFIG_NAME}.yaml"
     OmegaConf.save(verl_config, path)
     return path
 
 
-def trainer_env(run: Run) -> dict[str, str]:
-    return {
+def resume_mode(run: Run) -> str:
+    """verl resumes from the latest checkpoint in `trainer.default_local_dir` by itself (`auto`); agenttune
+    does so on `--resume` only, and refuses to train over an earlier run, as the local backbone does."""
+    latest = run.checkpoints_dir / VERL_LATEST_CHECKPOINT
+    if run.resume:
+        if not latest.is_file():
+            raise UserError(f"--resume: there is no verl checkpoint in {str(run.checkpoints_dir)!r}.",
+                            hint="Start without --resume, or pass the --run-dir of a run that saved checkpoints "
+                                 "(trainer.save_freq).")
+        return "auto"
+    if latest.is_file() or MetricsLog(run.metrics_path).read():
+        raise UserError(f"The run directory {str(run.run_dir)!r} already holds a training run.",
+                        hint="Pass --resume to continue it, or choose a new --run-dir.")
+    return "disable"
+
+
+def trainer_env(run: Run, *, on_cpu: bool) -> dict[str, str]:
+    env = {
         "VERL_FILE_LOGGER_PATH": str(verl_dir(run) / "metrics.jsonl"),
         "TENSORBOARD_DIR": str(run.run_dir.resolve() / "tensorboard"),
     }
+    if on_cpu:  # verl's processes pick the cpu platform that agenttune_verl.cpu registers
+        env["VERL_PLATFORM"] = PLATFORM
+    return env
 
 
 @contextmanager
-def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
-    """Join `ray.address` or start a local Ray head; check its GPUs; yield the address verl should join."""
+def ray_cluster(config: AgentTuneConfig, *, on_cpu: bool = False) -> Iterator[str]:
+    """Join `ray.address` or start a local Ray head; check its GPUs; yield the address verl should join.
+    On CPU (`verl.trainer.device=cpu`) a local head declares one logical GPU per trainer rank."""
     import ray
 
     address = config.section("ray", RayOptions).address
     where = f"at {address}" if address else "started on this machine"
+    earlier = _descendants()  # processes that are not Ray's: left alone when the head stops
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        elif on_cpu:
+            ray.init(include_dashboard=False, **ray_resources(total_gpus(config)))
         else:
             ray.init(include_dashboard=False)
     except Exception as error:
@@ -138,7 +169,30 @@ def ray_cluster(config: AgentTuneConfig) -> Iterator[str]:
             yield ray.get_runtime_context().gcs_address
     finally:
         if ray.is_initialized():
-            ray.shutdown()
+            stop_ray(earlier if address is None else None)
+
+
+def stop_ray(earlier: set[int] | None, *, grace_s: float = 20.0) -> None:
+    """Shut Ray down; for a head started here (`earlier`: the processes that were there before it), also wait
+    for its processes (verl's actors notice the head is gone only seconds later) and end those that outlive
+    the grace period, so that none outlives the run."""
+    import psutil
+    import ray
+
+    ray_processes = [process for process in psutil.Process().children(recursive=True)
+                     if earlier is not None and process.pid not in earlier]
+    ray.shutdown()
+    _, alive = psutil.wait_procs(ray_processes, timeout=grace_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {process.pid for process in psutil.Process().children(recursive=True)}
 
 
 def check_gpus(config: AgentTuneConfig, resources: dict[str, Any], *, where: str) -> None:
@@ -152,8 +206,9 @@ def check_gpus(config: AgentTuneConfig, resources: dict[str, Any], *, where: str
             f"{config.trainer.n_gpus_per_node} x trainer.nnodes={config.trainer.nnodes}{teacher_part}), but the "
             f"Ray cluster {where} has {available}.",
             hint="Run on a machine with NVIDIA GPUs or join a GPU cluster with ray.address=..., lower "
-                 "trainer.n_gpus_per_node / trainer.nnodes, or train here with --backbone local "
-                 "(one machine, CPU or one GPU) or --backbone debug.")
+                 "trainer.n_gpus_per_node / trainer.nnodes, or try this verl run on the CPU first with "
+                 "verl.trainer.device=cpu (a small model: see 'Trying a run on CPU' in the verl plugin's README), "
+                 "or train here with --backbone local or --backbone debug.")
 
 
 def trainer_command(run: Run) -> list[str]:
@@ -162,11 +217,12 @@ def trainer_command(run: Run) -> list[str]:
             f"hydra.run.dir={_hydra_quote(str(hydra_dir))}"]
 
 
-def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None) -> None:
+def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None, on_cpu: bool = False) -> None:
     """Run verl's trainer (or `command`) to completion, teeing its output and bridging its metrics."""
     command = command or trainer_command(run)
-    env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run)}
+    env = {**os.environ, "RAY_ADDRESS": ray_address, **trainer_env(run, on_cpu=on_cpu)}
     trainer_log = verl_dir(run) / "trainer.log"
+    set_aside_earlier_metrics(verl_dir(run) / "metrics.jsonl")
     follower = MetricsFollower(verl_dir(run) / "metrics.jsonl", RolloutLog.for_run(run),
                                MetricsLog(run.metrics_path))
     log.info("starting verl", command=" ".join(command), ray_address=ray_address)
@@ -186,6 +242,17 @@ def run_trainer(run: Run, ray_address: str, *, command: list[str] | None = None)
         raise UserError(f"verl's trainer exited with code {code}.",
                         hint=f"Its output is above and in {trainer_log}; the config it ran is "
                              f"{verl_dir(run) / (CONFIG_NAME + '.yaml')}.")
+
+
+def set_aside_earlier_metrics(path: Path) -> None:
+    """A resumed run: verl rewrites its metrics file from scratch, and the steps in it are in the run's
+    metrics.jsonl already; the file is kept as metrics.<n>.jsonl, and the follower reads only the new one."""
+    if not path.exists():
+        return
+    number = 1
+    while (earlier := path.with_suffix(f".{number}.jsonl")).exists():
+        number += 1
+    path.rename(earlier)
 
 
 def _hydra_quote(value: str) -> str:

@@ -42,10 +42,29 @@ def build_verl_config(config: AgentTuneConfig, paths: VerlPaths) -> Any:
     for key, value in translated_values(config, paths).items():
         # struct mode: raises if verl 0.9.1 has no such key (a bug in our table, not a user error)
         OmegaConf.update(verl_config, key, value, merge=False)
-    apply_passthrough(verl_config, config.section("verl", VerlOptions).root)
+    passthrough = config.section("verl", VerlOptions).root
+    apply_passthrough(verl_config, passthrough)
+    if runs_on_cpu(verl_config):
+        apply_cpu_settings(verl_config)
+        apply_passthrough(verl_config, passthrough)  # again: the user's own keys win over the CPU settings
     check_async_support(config, verl_config)
     check_teacher_pool(verl_config)
     return verl_config
+
+
+def runs_on_cpu(verl_config: Any) -> bool:
+    """`verl.trainer.device=cpu`: the user's switch for a run without GPUs (cpu.py)."""
+    return str(verl_config.trainer.device).lower() == "cpu"
+
+
+def apply_cpu_settings(verl_config: Any) -> None:
+    from omegaconf import OmegaConf, open_dict
+
+    from agenttune_verl.cpu import settings
+
+    with open_dict(verl_config):  # override_config is a free-form dict in verl's config
+        for key, value in settings().items():
+            OmegaConf.update(verl_config, key, value, merge=True)
 
 
 def teacher_gpus(config: AgentTuneConfig) -> int:

@@ -45,3 +45,15 @@ class AnswerJudge(Judge):
         answer = str(judge_input.final_answer or "")
         solved = str(judge_input.task.ground_truth) in answer
         return JudgeResult(reward=1.0 if solved else 0.0, success=solved)
+
+
+class ShortAnswerJudge(Judge):
+    """Shorter final answers score higher: the random tiny model's episodes then differ in reward, so GRPO's
+    advantages are not all zero and every training step moves the weights (the CPU run checks they reach
+    the rollout server)."""
+
+    name = "test_short_answer"
+
+    def judge(self, judge_input: JudgeInput) -> JudgeResult:
+        answer = str(judge_input.final_answer or "")
+        return JudgeResult(reward=1.0 / (1.0 + len(answer) / 16), success=len(answer) < 16)
