@@ -10,7 +10,8 @@ warm-up code and saved as a Hugging Face model that every backbone loads. Each b
 validated on the 200 held-out problems (greedy) before and after. What differs is the backbone's own:
 `local` trains all weights (learning rate 1e-4, the quickstart's); `trinity` runs Trinity-RFT's own loop in
 its Tinker mode against `agenttune tinker serve`, which trains a LoRA adapter (`--lora-learning-rate`);
-`verl` runs verl's own trainer with its CPU switch (`--verl-override`, see plugins/verl/README.md).
+`verl` runs verl's own trainer with its CPU switch (`verl.trainer.device=cpu`, plugins/verl/README.md; more
+settings with `--verl-override`).
 
 verl and Trinity-RFT need separate environments (their pins conflict): run the bench once in each with
 `--only`, then read the JSON files side by side. A backbone whose plugin is missing, or whose run fails,
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--lora-learning-rate", type=float, default=1e-3, help="trinity (Tinker mode, LoRA).")
     parser.add_argument("--lora-rank", type=int, default=32, help="trinity (Tinker mode): LoRA rank.")
     parser.add_argument("--verl-override", action="append", default=[],
-                        help="Extra KEY=VALUE for the verl run (its CPU switch), repeatable.")
+                        help="Extra KEY=VALUE for the verl run, repeatable.")
     args = parser.parse_args()
     only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(only) - set(BACKBONES))
@@ -118,16 +119,23 @@ def backbone_overrides(backbone: str, args: argparse.Namespace) -> list[str]:
         return ["trinity.model.tinker.enable=true", f"trinity.model.tinker.rank={args.lora_rank}",
                 f"trainer.learning_rate={args.lora_learning_rate}", "rollout.max_env_worker=32"]
     if backbone == "verl":
-        return list(args.verl_override)
+        return ["verl.trainer.device=cpu", *args.verl_override]  # verl's own trainer on CPU (plugins/verl/README.md)
     return []
+
+
+# Trinity-RFT's launcher stops the explorer 5 s after the trainer's last step, which cuts off a validation
+# still running then (the 200 problems take longer on CPU): the trinity run trains this many steps more, so
+# that the validation after step `--steps` completes; its figures are those of step `--steps`.
+TRINITY_TAIL_STEPS = 2
 
 
 def run_backbone(backbone: str, run_dir: Path, data: Path, model: Path, steps: int,
                  overrides: list[str]) -> dict[str, Any]:
+    total = steps + (TRINITY_TAIL_STEPS if backbone == "trinity" else 0)
     command = [sys.executable, "-m", "agenttune", "train", "--conf", str(QUICKSTART / "quickstart.yaml"),
                "--backbone", backbone, "--run-dir", str(run_dir),
                f"model.path={model}", f"task_reader.path={data}/{{split}}.jsonl", "local.warmup.data=null",
-               f"trainer.total_steps={steps}", f"trainer.test_freq={steps}", "trainer.save_freq=0", *overrides]
+               f"trainer.total_steps={total}", f"trainer.test_freq={steps}", "trainer.save_freq=0", *overrides]
     log = run_dir.parent / f"{backbone}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -141,9 +149,10 @@ def run_backbone(backbone: str, run_dir: Path, data: Path, model: Path, steps: i
 
 def figures(backbone: str, metrics_file: Path, steps: int, wall: float) -> dict[str, Any]:
     records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    accuracy = [(r["step"], r[ACCURACY[backbone]]) for r in records if r.get(ACCURACY[backbone]) is not None]
-    trained = sorted(r["time"] for r in records if TRAIN_METRIC[backbone] in r)
-    if len(accuracy) < 2 or len(trained) < 2:
+    accuracy = [(r["step"], r[ACCURACY[backbone]]) for r in records
+                if r.get(ACCURACY[backbone]) is not None and r["step"] <= steps]
+    trained = sorted(r["time"] for r in records if TRAIN_METRIC[backbone] in r and r["step"] <= steps)
+    if len(accuracy) < 2 or accuracy[-1][0] != steps or len(trained) < 2:
         return {"error": f"{metrics_file} has {len(accuracy)} validations and {len(trained)} training steps"}
     return {"initial_accuracy": accuracy[0][1], "final_accuracy": accuracy[-1][1], "steps": steps,
             # between the first and the last step's metrics: one validation pass falls inside, as in training

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -62,7 +63,7 @@ class HFRolloutServer:
         generation = await self.engine.generate(list(prompt_ids), sampling, request_id=request_id)
         # In asynchronous modes a weight update can land mid-generation (between two decode steps): verl's
         # off-policy bound reads the oldest and newest versions that sampled the reply.
-        versions = generation.versions or [started, self.global_steps]
+        versions: Sequence[int | None] = generation.versions or [started, self.global_steps]
         return TokenOutput(token_ids=list(generation.token_ids), log_probs=generation.logprobs,
                            stop_reason=_STOP_REASONS.get(generation.finish_reason, "completed"),
                            extra_fields={"global_steps": self.global_steps, "min_global_steps": _min(versions),
@@ -160,12 +161,12 @@ def _load(model_config: Any, tokenizer: Any = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _min(versions: list[int | None]) -> int | None:
+def _min(versions: Sequence[int | None]) -> int | None:
     known = [version for version in versions if version is not None]
     return min(known) if known else None
 
 
-def _max(versions: list[int | None]) -> int | None:
+def _max(versions: Sequence[int | None]) -> int | None:
     known = [version for version in versions if version is not None]
     return max(known) if known else None
 
