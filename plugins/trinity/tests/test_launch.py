@@ -117,3 +117,15 @@ def test_checkpoints_during_a_tinker_mode_run_are_refused(make_config):
     with pytest.raises(UserError, match="trainer.save_freq=2 with Trinity's Tinker mode"):
         TrinityBackbone.check(make_config(trinity={"model": {"tinker": {"enable": True}}}, trainer={"save_freq": 2}))
     TrinityBackbone.check(make_config(trainer={"save_freq": 2}))  # the GPU path saves and syncs as usual
+
+
+def test_another_trinity_version_is_refused_before_ray_starts(make_config, monkeypatch):
+    import agenttune_trinity.backbone as backbone
+
+    assert backbone.installed_trinity_version() == "0.6.0"  # the session's pin
+    monkeypatch.setattr(backbone, "installed_trinity_version", lambda: "0.7.0")
+    with pytest.raises(UserError) as caught:
+        backbone.TrinityBackbone.check(make_config())
+    message = caught.value.render()
+    assert "written for Trinity-RFT 0.6.0" in message and "has 0.7.0" in message
+    assert "pip install 'trinity-rft==0.6.0'" in message

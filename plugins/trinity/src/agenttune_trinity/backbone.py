@@ -43,11 +43,31 @@ class TrinityBackbone(Backbone):
         launch(run, run.components or resolve(run.config))  # what `agenttune train` resolved, else once here
 
 
+TRINITY_VERSION = "0.6.0"  # what the translation, the workflow adapter and the Tinker-mode path are written for
+
+
 def require_trinity() -> None:
     if importlib.util.find_spec("trinity") is None:
         raise UserError("The trinity backbone needs Trinity-RFT 0.6.0, which is not installed in this environment.",
                         hint="pip install 'agenttune-plugin-trinity[trinity]' (Trinity-RFT with vLLM, for GPU "
                              "machines). It conflicts with the verl plugin's verl version: use its own environment.")
+    installed = installed_trinity_version()
+    if installed != TRINITY_VERSION:
+        raise UserError(
+            f"The trinity backbone is written for Trinity-RFT {TRINITY_VERSION} (its config schema, its workflow "
+            f"and Tinker-mode classes, checked by this plugin's tests), and this environment has {installed}, whose "
+            "config keys and internals may differ: the run could fail deep inside Trinity or train differently "
+            "from what the generated config says.",
+            hint=f"pip install 'trinity-rft=={TRINITY_VERSION}' (CPU: with --no-deps, see the plugin's README).")
+
+
+def installed_trinity_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trinity-rft")
+    except PackageNotFoundError:
+        return "an unknown version (no trinity-rft distribution is installed, only a `trinity` package)"
 
 
 def config_problems(config: AgentTuneConfig) -> list[UserError]:
