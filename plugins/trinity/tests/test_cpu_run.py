@@ -218,8 +218,9 @@ def test_no_process_outlives_the_run(cpu_run):
     base_urls = set(re.findall(r"Tinker base URL: (http://\S+)", (run_dir / "tinker" / "server.log").read_text()))
     assert len(base_urls) == 2  # the first run's server, then the resumed run's
     leftovers = []
-    for process in psutil.process_iter(["pid", "cmdline", "create_time"]):
-        if not started <= (process.info["create_time"] or 0) <= ended:
+    for process in psutil.process_iter(["pid", "ppid", "cmdline", "create_time"]):
+        # this test's own children (the server restarted on the run's state to check it) are not the run's
+        if process.info["ppid"] == os.getpid() or not started <= (process.info["create_time"] or 0) <= ended:
             continue
         try:
             environment = process.environ()
