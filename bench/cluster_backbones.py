@@ -83,6 +83,9 @@ def warmed_up_model(out: Path, data: Path) -> Path:
     """The tiny model after the quickstart's warm-up (its settings, from quickstart.yaml), saved once."""
     if (out / "config.json").exists():
         return out
+    import random
+
+    import torch
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -94,10 +97,6 @@ def warmed_up_model(out: Path, data: Path) -> Path:
     path = resolve_model_path(config["model"]["path"])
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
-    import random
-
-    import torch
-
     random.seed(seed)
     torch.manual_seed(seed)
     conversations = random.Random(seed).sample(read_conversations(data / "demos.jsonl"),
@@ -106,7 +105,8 @@ def warmed_up_model(out: Path, data: Path) -> Path:
     started = time.perf_counter()
     supervised_warmup(model, items, steps=warmup["steps"], batch_size=warmup["batch_size"],
                       learning_rate=warmup["learning_rate"], micro_batch_tokens=config["local"]["micro_batch_tokens"],
-                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id or 0, seed=seed)
+                      pad_token_id=next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0),
+                      seed=seed)
     print(f"warm-up: {warmup['steps']} steps in {time.perf_counter() - started:.0f} s", flush=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -42,26 +42,32 @@ def data_dir(tmp_path: Path) -> Path:
     return data
 
 
+def calculator_config(data_dir: Path, model_path: Path, **sections: Any) -> dict[str, Any]:
+    """The config of the calculator agent (agenttune.testing.agents) on the tiny model, as YAML would hold
+    it; `sections` replace whole top-level sections."""
+    return {
+        "project_name": "trinity-test",
+        "experiment_name": "calc",
+        "backbone": "trinity",
+        "workflow": "agenttune.testing.agents:CalculatorWorkflow",
+        "task_reader": {"type": "file", "path": str(data_dir), "train_split": "train"},
+        "judge": {"type": "custom", "judge_protocol": "answer_judge:ExactAnswerJudge"},
+        "model": {"path": str(model_path), "max_model_len": 1024},
+        "rollout": {"num_repeat": 2, "max_env_worker": 4, "max_response_length_in_one_turn": 96,
+                    "temperature": 0.9},
+        "data": {"train_batch_size": 2},
+        "trainer": {"n_gpus_per_node": 4, "learning_rate": 2e-6},
+        **sections,
+    }
+
+
 @pytest.fixture
 def make_config(data_dir: Path, tiny_model_path: Path):
-    """An agenttune config for the calculator agent (agenttune.testing.agents), with overrides."""
+    """An agenttune config for the calculator agent, with overrides."""
     from agenttune.plugin_api import apply_overrides, build_config
 
     def make(*overrides: str, **sections: Any) -> Any:
-        data = {
-            "project_name": "trinity-test",
-            "experiment_name": "calc",
-            "backbone": "trinity",
-            "workflow": "agenttune.testing.agents:CalculatorWorkflow",
-            "task_reader": {"type": "file", "path": str(data_dir), "train_split": "train"},
-            "judge": {"type": "custom", "judge_protocol": "answer_judge:ExactAnswerJudge"},
-            "model": {"path": str(tiny_model_path), "max_model_len": 1024},
-            "rollout": {"num_repeat": 2, "max_env_worker": 4, "max_response_length_in_one_turn": 96,
-                        "temperature": 0.9},
-            "data": {"train_batch_size": 2},
-            "trainer": {"n_gpus_per_node": 4, "learning_rate": 2e-6},
-            **sections,
-        }
+        data = calculator_config(data_dir, tiny_model_path, **sections)
         config = build_config(data, apply_overrides({}, list(overrides)), source="test config")
         config._source_dir = TESTS
         return config

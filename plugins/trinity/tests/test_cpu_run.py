@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import TESTS, VLLM_STUB, write_jsonl
+from conftest import TESTS, VLLM_STUB, calculator_config, write_jsonl
 
 tinker = pytest.importorskip("tinker")
 
@@ -47,20 +47,14 @@ TASKS = [{"task_id": f"add-{a}-{b}", "query": f"What is {a} + {b}?", "answer": a
 
 
 def cpu_config(data: Path, model_path: Path) -> dict[str, Any]:
-    return {
-        "project_name": "trinity-cpu",
-        "experiment_name": "calc",
-        "workflow": "agenttune.testing.agents:CalculatorWorkflow",
-        "task_reader": {"type": "file", "path": str(data), "train_split": "train"},
-        "judge": {"type": "custom", "judge_protocol": "answer_judge:AnswerLengthJudge"},
-        "model": {"path": str(model_path), "max_model_len": 1024},
-        "rollout": {"num_repeat": 4, "max_env_worker": 8, "max_turns": 2, "max_response_length_in_one_turn": 24,
-                    "temperature": 1.0},  # temperature 1: the engine's log-probs are the model's own
-        "data": {"train_batch_size": 2},
+    return calculator_config(
+        data, model_path, project_name="trinity-cpu",
+        judge={"type": "custom", "judge_protocol": "answer_judge:AnswerLengthJudge"},
+        rollout={"num_repeat": 4, "max_env_worker": 8, "max_turns": 2, "max_response_length_in_one_turn": 24,
+                 "temperature": 1.0},  # temperature 1: the engine's log-probs are the model's own
         # a learning rate at which one LoRA step visibly moves the tiny model's log-probs
-        "trainer": {"total_steps": STEPS, "learning_rate": 1e-2, "seed": 3},
-        "trinity": {"model": {"tinker": {"enable": True, "rank": 8}}},
-    }
+        trainer={"total_steps": STEPS, "learning_rate": 1e-2, "seed": 3},
+        trinity={"model": {"tinker": {"enable": True, "rank": 8}}})
 
 
 def without_the_vllm_stub() -> dict[str, str]:
