@@ -237,6 +237,41 @@ def test_checkpoints_survive_a_restart(tmp_path, tokenizer, start_server):
         np.testing.assert_allclose(scored[1:], before, atol=2e-4)
 
 
+def test_training_runs_and_checkpoints_are_listed_also_after_a_restart(tmp_path, start_server):
+    """The SDK's RestClient listings: a live client, then (after a restart) the runs known by their checkpoints."""
+    with start_server(tmp_path) as (base_url, _):
+        service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
+        client = service.create_lora_training_client(base_model=MODEL, rank=3, seed=6).result()
+        rest = tinker.RestClient(base_url=base_url, api_key=API_KEY)
+        live = rest.get_training_run(client.model_id).result()
+        assert (live.training_run_id, live.base_model, live.lora_rank, live.last_checkpoint) == \
+            (client.model_id, MODEL, 3, None)
+        state_path = client.save_state("first").result().path
+        sampler_path = client.save_weights_for_sampler("first").result().path
+        service.close("success").result()
+    with start_server(tmp_path) as (base_url, _):
+        rest = tinker.RestClient(base_url=base_url, api_key=API_KEY)
+        run = rest.get_training_run_by_tinker_path(sampler_path).result()
+        assert run.training_run_id == client.model_id and run.lora_rank == 3
+        assert (run.last_checkpoint.tinker_path, run.last_sampler_checkpoint.tinker_path) == (state_path, sampler_path)
+        listed = rest.list_checkpoints(client.model_id).result().checkpoints
+        assert {(c.checkpoint_type, c.tinker_path) for c in listed} == {("training", state_path), ("sampler", sampler_path)}
+        assert all(c.size_bytes > 0 for c in listed)
+        runs = rest.list_training_runs().result()
+        assert [r.training_run_id for r in runs.training_runs] == [client.model_id] and runs.cursor.total_count == 1
+        page = rest.list_user_checkpoints(limit=1, offset=1).result()
+        assert len(page.checkpoints) == 1 and page.cursor.total_count == 2
+        assert page.checkpoints[0].tinker_path == state_path  # newest first: the sampler weights were saved last
+        rest.delete_checkpoint(client.model_id, "weights/first").result()
+        assert [c.tinker_path for c in rest.list_checkpoints(client.model_id).result().checkpoints] == [sampler_path]
+        with pytest.raises(Exception, match="No training run 'never-made'"):
+            rest.get_training_run("never-made").result()
+        with pytest.raises(Exception, match="cannot name a checkpoint"):
+            rest.list_checkpoints("run*").result()  # a glob pattern is not an id
+        reply = httpx.get(base_url + "/api/v1/checkpoints", headers={"X-API-Key": API_KEY}, params={"limit": "x"})
+        assert reply.status_code == 400 and reply.json()["error"] == "limit and offset must be whole numbers."
+
+
 def test_the_sdk_polls_through_408_try_again(tmp_path, tokenizer, start_server):
     with start_server(tmp_path, poll_s=0.0005) as (base_url, _):  # pending requests answer 408 at once
         service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
@@ -300,7 +335,7 @@ def test_gspo_and_dro_through_the_sdk_give_tinkers_per_token_losses(training_cli
 def test_unknown_and_unserved_routes_answer_the_error_shape(server):
     base_url, _ = server
     headers = {"X-API-Key": API_KEY}
-    for method, path, status in [("POST", "/api/v1/no_such_route", 404), ("GET", "/api/v1/training_runs", 404),
+    for method, path, status in [("POST", "/api/v1/no_such_route", 404), ("GET", "/api/v1/sessions", 404),
                                  ("GET", "/api/v1/create_model", 405), ("GET", "/", 404)]:
         reply = httpx.request(method, base_url + path, headers=headers, json=None)
         assert reply.status_code == status, (path, reply.text)

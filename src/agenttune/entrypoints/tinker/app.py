@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agenttune.entrypoints.tinker.checkpoints import CheckpointStore
+from agenttune.entrypoints.tinker.checkpoints import METADATA, CheckpointStore, iso_time
 from agenttune.entrypoints.tinker.futures import Futures, Result, TinkerError
 from agenttune.entrypoints.tinker.models import LoraSettings, ModelHost
 from agenttune.entrypoints.tinker.sampling import Sampler
@@ -249,6 +249,57 @@ async def weights_info(state: TinkerState, body: Any) -> Any:
             "train_unembed": lora["train_unembed"], "train_mlp": lora["train_mlp"], "train_attn": lora["train_attn"]}
 
 
+# -- training runs and their checkpoints (the SDK's RestClient) ------------------------------------------
+
+async def get_training_run(state: TinkerState, body: Any, model_id: str) -> Any:
+    return _training_run(state, model_id)
+
+
+async def list_training_runs(state: TinkerState, body: Any) -> Any:
+    """The live training clients and every model id with saved checkpoints (also from before a restart)."""
+    model_ids = sorted(set(state.trainer.runs) | {checkpoint.model_id for checkpoint in state.store.saved()})
+    limit, offset = _page(body, default_limit=20)
+    runs = [_training_run(state, model_id) for model_id in model_ids[offset:offset + limit]]
+    return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(model_ids)}}
+
+
+async def list_checkpoints(state: TinkerState, body: Any, model_id: str) -> Any:
+    return {"checkpoints": [checkpoint.listing() for checkpoint in state.store.saved(model_id)]}
+
+
+async def list_user_checkpoints(state: TinkerState, body: Any) -> Any:
+    saved = state.store.saved()
+    limit, offset = _page(body, default_limit=100)
+    return {"checkpoints": [checkpoint.listing() for checkpoint in saved[offset:offset + limit]],
+            "cursor": {"offset": offset, "limit": limit, "total_count": len(saved)}}
+
+
+def _training_run(state: TinkerState, model_id: str) -> dict[str, Any]:
+    saved = state.store.saved(model_id)
+    live = state.trainer.runs.get(model_id)
+    if live is None and not saved:
+        raise TinkerError(f"No training run {model_id!r} is known to this server: neither a training client nor "
+                          "saved checkpoints.", 404)
+    lora = live.lora.as_dict() if live is not None else saved[0].metadata()["lora"]
+    last = {kind: next((c.listing() for c in saved if c.kind == kind), None) for kind in ("weights", "sampler_weights")}
+    when = live.last_request if live is not None else (saved[0].directory / METADATA).stat().st_mtime
+    return {"training_run_id": model_id, "base_model": state.host.name, "model_owner": "local", "is_lora": True,
+            "lora_rank": lora["rank"], "corrupted": False,
+            "last_request_time": iso_time(when),
+            "last_checkpoint": last["weights"], "last_sampler_checkpoint": last["sampler_weights"]}
+
+
+def _page(query: Any, *, default_limit: int) -> tuple[int, int]:
+    """`limit` and `offset` of a listing's query string."""
+    try:
+        limit, offset = int(query.get("limit", default_limit)), int(query.get("offset", 0))
+    except ValueError:
+        raise TinkerError("limit and offset must be whole numbers.") from None
+    if limit < 1 or offset < 0:
+        raise TinkerError("limit must be at least 1 and offset at least 0.")
+    return limit, offset
+
+
 # -- sampling --------------------------------------------------------------------------------------------
 
 async def create_sampling_session(state: TinkerState, body: Any) -> Any:
@@ -338,6 +389,10 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/create_sampling_session", create_sampling_session),
     ("GET", "/samplers/{sampler_id}", get_sampler),
     ("POST", "/asample", asample),
+    ("GET", "/training_runs", list_training_runs),
+    ("GET", "/training_runs/{model_id}", get_training_run),
+    ("GET", "/training_runs/{model_id}/checkpoints", list_checkpoints),
+    ("GET", "/checkpoints", list_user_checkpoints),
     ("DELETE", "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}", delete_checkpoint),
     ("POST", "/retrieve_future", retrieve_future),
 ]
@@ -371,7 +426,9 @@ def _endpoint(state: TinkerState, handler: Handler) -> Callable[[Any], Awaitable
         from starlette.responses import JSONResponse, Response
 
         try:
-            reply = await handler(state, request.scope.get("agenttune.body"), **request.path_params)
+            # a POST's parsed body; a GET's query string (the listings' limit and offset)
+            body = dict(request.query_params) if request.method == "GET" else request.scope.get("agenttune.body")
+            reply = await handler(state, body, **request.path_params)
         except TinkerError as error:
             return error_response(str(error), error.status)
         return reply if isinstance(reply, Response) else JSONResponse(reply)

@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,14 @@ class Checkpoint:
 
     def metadata(self) -> dict[str, Any]:
         return json.loads((self.directory / METADATA).read_text())
+
+    def listing(self) -> dict[str, Any]:
+        """What the SDK's `types.Checkpoint` holds (`list_checkpoints`, `TrainingRun.last_checkpoint`)."""
+        saved = self.directory / METADATA
+        return {"checkpoint_id": f"{self.kind}/{self.name}", "tinker_path": self.path,
+                "checkpoint_type": "training" if self.kind == "weights" else "sampler",
+                "time": iso_time(saved.stat().st_mtime), "public": False,
+                "size_bytes": sum(path.stat().st_size for path in self.directory.iterdir() if path.is_file())}
 
 
 class CheckpointStore:
@@ -83,6 +92,16 @@ class CheckpointStore:
             raise TinkerError(f"No checkpoint is saved at {path}.", 404)
         return checkpoint
 
+    def saved(self, model_id: str | None = None) -> list[Checkpoint]:
+        """Every finished checkpoint (of `model_id`, or of every model), newest first."""
+        if model_id is not None:
+            self._checkpoint(model_id, "weights", "any")  # a client's id, checked before it reaches glob
+        found = [Checkpoint(directory.parent.parent.name, directory.parent.name, directory.name, directory)  # type: ignore[arg-type]
+                 for kind in KINDS for directory in self.root.glob(f"{model_id or '*'}/{kind}/*")
+                 if (directory / METADATA).is_file()]
+        return sorted(found, key=lambda checkpoint: (checkpoint.directory / METADATA).stat().st_mtime_ns,
+                      reverse=True)
+
     def delete(self, model_id: str, checkpoint_id: str) -> Checkpoint:
         """Delete `<kind>/<name>` of `model_id` (the SDK's `delete_checkpoint`). A bare `<name>`, as
         Trinity-RFT sends for a stale sampler checkpoint, names the one checkpoint of either kind that has it."""
@@ -106,3 +125,8 @@ class CheckpointStore:
             if not SEGMENT.fullmatch(segment) or segment in (".", ".."):
                 raise TinkerError(f"{segment!r} cannot name a checkpoint: use letters, digits and ._-: only.")
         return Checkpoint(model_id, kind, name, self.root / model_id / kind / name)
+
+
+def iso_time(timestamp: float) -> str:
+    """A file time as the SDK's datetimes read it."""
+    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ class TrainingRun:
     lora: LoraSettings
     optimizer: Any
     steps: int = 0
+    last_request: float = field(default_factory=time.time)  # what `get_training_run` answers
 
 
 class Trainer:
@@ -60,6 +61,7 @@ class Trainer:
         if run is None:
             raise TinkerError(f"No training client has the model id {model_id!r} on this server (training "
                               "clients end with the server; their saved checkpoints remain).", 404)
+        run.last_request = time.time()
         return run
 
     def unload(self, model_id: str) -> None:
