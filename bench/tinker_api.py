@@ -13,10 +13,12 @@ Side by side, in one run, on one model (default: the ~25 M tiny model below, bui
                  sample_tokens_per_s_ratio = API / serve (target >= 0.9); also printed: the server's
                  own Sampler called in-process on the same prompts (all in flight at once, on the
                  server's event loop), to show where the API's time goes
-    rl loop      the SDK loop of tests/entrypoints/tinker's slow RL test (rl_loop: "sdk"): sample 16
-                 completions of 8 tokens, reward = the share of even token ids, ppo on the sampler's
-                 log-probs, one Adam step; initial reward = step 0's, final = the mean of the last 3
-                 steps (target: rises by >= 0.3)
+    rl loop      tinker-cookbook's own RL loop (`rl.train.main`, rl_loop: "cookbook") on the even-tokens
+                 task of agenttune/testing/cookbook_rl.py (nox -s tinker_cookbook runs it too): groups of 8
+                 completions of up to 8 tokens, reward = the share of even token ids, importance_sampling,
+                 one Adam step per iteration; initial reward = iteration 0's, final = the mean of the last 3
+                 (target: rises by >= 0.3). Without tinker-cookbook installed (`--rl-loop sdk`, or not
+                 importable): the same task in a loop written against the SDK alone (rl_loop: "sdk", ppo).
 
     python bench/tinker_api.py --json runs/tinker_api.json
     python bench/tinker_api.py --model tiny://default --repeats 3 --json /tmp/t.json     # a quick run
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import statistics
@@ -174,8 +177,24 @@ def sampling(service: Any, state: Any, serve_url: str, prompts: list[list[int]],
             "sample_api_tokens": api_tokens, "sample_serve_tokens": serve_tokens}
 
 
-# -- a small RL loop through the SDK ---------------------------------------------------------------------
+# -- the RL loop -----------------------------------------------------------------------------------------
+def cookbook_rl_loop(base_url: str, tokenizer: Any, steps: int, scratch: Path) -> dict[str, Any]:
+    import numpy as np
+
+    from agenttune.testing.cookbook_rl import offline_cookbook, run_rl_loop
+
+    started = time.perf_counter()
+    with offline_cookbook(SERVED_MODEL, lambda: tokenizer):
+        rewards = run_rl_loop(base_url, scratch / "cookbook-rl", model=SERVED_MODEL, steps=steps,
+                              learning_rate=3e-2, lora_rank=RANK)
+    return {"rl_loop": "cookbook", "rl_steps": steps, "rl_rewards": [round(r, 3) for r in rewards],
+            "cookbook_rl_initial_reward": round(rewards[0], 3),
+            "cookbook_rl_final_reward": round(float(np.mean(rewards[-3:])), 3),
+            "rl_seconds": round(time.perf_counter() - started, 1)}
+
+
 def rl_loop(service: Any, tokenizer: Any, steps: int) -> dict[str, Any]:
+    """The even-tokens task in a loop written against the SDK alone (where tinker-cookbook is not installed)."""
     import numpy as np
     from tinker import types
 
@@ -217,7 +236,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--sample-repeats", type=int, default=3)
-    parser.add_argument("--rl-steps", type=int, default=8)
+    parser.add_argument("--rl-steps", type=int, default=12)
+    parser.add_argument("--rl-loop", choices=("cookbook", "sdk"), default=None,
+                        help="default: tinker-cookbook's own loop where it is installed, else the SDK loop")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
 
@@ -277,7 +298,11 @@ def main() -> None:
             print(f"                (the server's Sampler called in-process, no HTTP: "
                   f"{sample['sample_in_process_tokens_per_s']:.1f} tok/s)", flush=True)
 
-            rl = measured("rl", figures, lambda: rl_loop(service, tokenizer, args.rl_steps))
+            loop = args.rl_loop or ("cookbook" if importlib.util.find_spec("tinker_cookbook") else "sdk")
+            if loop == "cookbook":
+                rl = measured("rl", figures, lambda: cookbook_rl_loop(base_url, tokenizer, args.rl_steps, Path(scratch)))
+            else:
+                rl = measured("rl", figures, lambda: rl_loop(service, tokenizer, args.rl_steps))
             figures.update(rl)
             print(f"rl loop ({rl['rl_loop']})  reward {rl['cookbook_rl_initial_reward']:.3f} -> "
                   f"{rl['cookbook_rl_final_reward']:.3f}   (target: rises by >= 0.3; {rl['rl_steps']} steps, "

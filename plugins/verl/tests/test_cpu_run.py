@@ -1,7 +1,7 @@
 """`agenttune train --backbone verl` on this CPU machine, through verl's own trainer (`verl.trainer.device=cpu`).
 
-Two real runs of the calculator agent on the tiny model, as a user types them: two steps, then `--resume` to a
-third. Everything is verl's and agenttune's own code: `verl.trainer.main_ppo` and its V1 trainer on a local
+Two real runs of the calculator agent on the tiny model, as a user types them: three steps, then `--resume` to a
+fourth. Everything is verl's and agenttune's own code: `verl.trainer.main_ppo` and its V1 trainer on a local
 Ray head, FSDP2 on gloo, verl's dataloader and agent-loop workers running the agenttune agent loop, agenttune's
 `hf` engine as the rollout server, verl's naive checkpoint engine and its checkpoints. A recording probe
 (agents/verl_probe.py), which verl itself loads in each of its processes, writes down what the engine sampled
@@ -23,10 +23,10 @@ import pytest
 import yaml
 from conftest import AGENTS_DIR, CALCULATOR
 
-# Both runs happen in the module's fixture, on the first test's clock: about four minutes on 2 cores.
+# Both runs happen in the module's fixture, on the first test's clock: about five minutes on 2 cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS_FIRST, STEPS_TOTAL = 2, 3
+STEPS_FIRST, STEPS_TOTAL = 3, 4
 LOGPROB_TOLERANCE = 1e-3  # float32 on both sides; verl reports ~5e-5 between the engine and its actor
 
 
@@ -116,14 +116,14 @@ def leftovers(marker: str) -> list[str]:
 
 def test_verls_trainer_runs_the_steps_and_resumes_at_the_next_one(cpu_run):
     steps = [record["step"] for record in map(json.loads, (cpu_run.run_dir / "metrics.jsonl").open())]
-    assert steps == [1, 2, 3]
+    assert steps == list(range(1, STEPS_TOTAL + 1))
     for step in range(1, STEPS_TOTAL + 1):
         assert (cpu_run.run_dir / "rollouts" / f"step_{step:06d}_train.jsonl").is_file()
         assert (cpu_run.run_dir / "checkpoints" / f"global_step_{step}").is_dir()
-    # the actor trained two batches, then one after resuming from global_step_2
+    # the actor trained three batches, then one after resuming from global_step_3
     assert len(cpu_run.first.records("trained")) == STEPS_FIRST
     assert len(cpu_run.resumed.records("trained")) == STEPS_TOTAL - STEPS_FIRST
-    assert "global_step_2" in cpu_run.resumed.output
+    assert f"global_step_{STEPS_FIRST}" in cpu_run.resumed.output
 
 
 def test_every_trained_token_is_a_token_the_engine_sampled_there(cpu_run):
@@ -164,9 +164,9 @@ def test_the_judges_rewards_reach_the_trainer_batch(cpu_run):
 
 
 def test_the_rollout_server_samples_with_the_weights_the_trainer_saved(cpu_run):
-    """After step 1 (and after resuming from step 2) the served policy scores its samples exactly as the
+    """After step 1 (and after resuming from step 3) the served policy scores its samples exactly as the
     trainer's weights of that step do, and not as the weights before it: verl's checkpoint engine delivered."""
-    for phase, step in ((cpu_run.first, 1), (cpu_run.resumed, 2)):
+    for phase, step in ((cpu_run.first, 1), (cpu_run.resumed, STEPS_FIRST)):
         generations = [g for g in phase.records("sampled") if g["policy_version"] == step]
         assert generations
         after = token_logprobs(cpu_run.model_path, trainer_weights(cpu_run.run_dir, step), generations)

@@ -23,27 +23,21 @@ API_KEY = "tml-agenttune-cookbook-tests"
 @pytest.fixture(scope="module")
 def cookbook_server(tmp_path_factory) -> Iterator[str]:
     """The base URL of a Tinker server on the tiny model, with the cookbook set up to use it offline."""
-    from tinker_cookbook import tokenizer_utils
-    from tinker_cookbook.utils import cost_estimation
-
     from agenttune.entrypoints.tinker.app import build_app
     from agenttune.entrypoints.tinker.server import build_state
     from agenttune.testing import tiny_tokenizer
+    from agenttune.testing.cookbook_rl import offline_cookbook
     from agenttune.testing.loopback import serve_app
 
     state = build_state(MODEL, tmp_path_factory.mktemp("tinker-state"), device="cpu", poll_s=2.0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINKER_TELEMETRY", "0")
         patch.setenv("TINKER_API_KEY", API_KEY)
-        # The cookbook looks a model's prices up on the web at the start of a run; offline there are none.
-        patch.setattr(cost_estimation, "load_model_pricing", lambda *args, **kwargs: None)
         # `tiny://default` is agenttune's name, not a hub id: the cookbook's tokenizer registry maps it to the
         # tiny model's tokenizer, loaded from its local directory (what the server's get_info names).
-        tokenizer_utils.register_tokenizer(MODEL, tiny_tokenizer)
         try:
-            with serve_app(build_app(state)) as base_url:
+            with offline_cookbook(MODEL, tiny_tokenizer), serve_app(build_app(state)) as base_url:
                 yield base_url
         finally:
-            tokenizer_utils.unregister_tokenizer(MODEL)
             state.futures.close()
 
