@@ -10,6 +10,7 @@ so listing plugins stays fast. The pieces:
     dynamic_sampling.py  refill the batch with informative groups (DAPO)
     batching.py     samples -> micro-batches         logprobs.py  per-token log-probs
     policy.py       model loading, LoRA, reference   warmup.py    supervised warm-up
+    policies.py     several policies: an adapter, an optimizer and the agents' samples each
     checkpoint.py   save / resume                    export.py    standalone HF model
     task_order.py   seeded epochs                    monitor.py   TensorBoard, W&B, SwanLab
     progress.py     the progress bar                 report.py    curves PNG + summary table

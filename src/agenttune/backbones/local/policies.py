@@ -24,8 +24,6 @@ from agenttune.workflow.episode import Episode, Sample
 if TYPE_CHECKING:
     from peft import PeftModel
 
-    from agenttune.backbones.local.train_step import GRPOTrainer
-
 log = get_logger("local")
 
 
@@ -113,10 +111,10 @@ class PolicyTrainers:
     `make_trainer(config)` builds a trainer for the model's active adapter (its `trainable` are that
     adapter's weights) with `config`'s learning rate."""
 
-    def __init__(self, model: PeftModel, config: AgentTuneConfig, make_trainer: Any):
+    def __init__(self, model: Any, config: AgentTuneConfig, make_trainer: Any):  # a PeftModel (with_adapters)
         self.model = model
         self.policies: PoliciesConfig = config.policies
-        self.trainers: dict[str, GRPOTrainer] = {}
+        self.trainers: dict[str, Any] = {}  # name -> GRPOTrainer (not imported: through policy.py that would close a cycle)
         for name in self.policies.trained():
             model.set_adapter(name)  # peft: only the active adapter's weights require gradients
             self.trainers[name] = make_trainer(_policy_config(config, self.policies.adapters[name]))
