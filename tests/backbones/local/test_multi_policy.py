@@ -112,6 +112,16 @@ def test_each_policy_trains_on_its_own_agents_samples_only(tmp_path):
     # with that adapter, finds the engine's logprobs.
     assert records[1]["policy/proposer/train/logprob_mismatch"] < 1e-3
 
+    from transformers import AutoModelForCausalLM
+
+    from agenttune.backbones.local.export import export_model
+
+    with pytest.raises(UserError, match="--policy is missing"):
+        export_model(run_dir, tmp_path / "exported")
+    export_model(run_dir, tmp_path / "exported", policy="proposer")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    assert not any("lora" in name for name, _ in exported.named_parameters())
+
 
 @pytest.mark.slow
 def test_a_frozen_policy_stays_bitwise_unchanged_and_resume_is_exact(tmp_path):

@@ -437,6 +437,8 @@ def _save(run: Run, setup: Setup, step: int) -> None:
         step=step, task_order=setup.order.state_dict(), base_model=resolve_model_path(config.model.path),
         lora=local.lora_rank > 0 or config.policies.enabled,
     )
+    if config.policies.enabled:  # `agenttune export --policy NAME` finds each adapter by it
+        state.extra["policies"] = list(config.policies.adapters)
     if setup.pipeline is not None:  # started or queued groups a resumed run must start again
         state.extra["pending_tasks"] = [task.model_dump(mode="json") for task in setup.pipeline.pending()]
     path = checkpoints.save_checkpoint(run.checkpoints_dir, state, model=setup.model, tokenizer=setup.tokenizer,
