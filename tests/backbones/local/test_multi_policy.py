@@ -145,6 +145,7 @@ def test_a_frozen_policy_stays_bitwise_unchanged_and_resume_is_exact(tmp_path):
 @pytest.mark.parametrize(("policy", "says"), [
     ({"rank": 64}, "rank 64 is more than the smallest dimension"),
     ({"rank": 4, "target_modules": ["no_such_proj"]}, "policies.adapters.checker does not fit model.path"),
+    ({"rank": 4, "target_modules": ["embed_tokens", "q_proj"]}, "only linear layers can be adapted"),
 ])
 def test_adapters_that_do_not_fit_the_model_are_refused_before_step_1(tmp_path, policy, says):
     policies = {**TWO_POLICIES, "adapters": {"proposer": {"rank": 4}, "checker": policy}}

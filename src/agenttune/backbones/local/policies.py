@@ -48,6 +48,7 @@ def with_adapters(model: torch.nn.Module, config: AgentTuneConfig, *, checkpoint
                 peft_model.add_adapter(name, lora)
         except ValueError as error:  # peft: target modules not found in the model
             raise _misfit(name, policy, str(error)) from error
+        _check_linear_only(peft_model, name, policy)
         saved = _adapter_dir(checkpoint, name) if checkpoint is not None else policy.init
         if saved is not None:
             _load_adapter_weights(peft_model, name, Path(saved))
@@ -72,6 +73,18 @@ def _check_fits(model: torch.nn.Module, name: str, policy: PolicyOptions) -> Non
     if smallest is not None and policy.rank > smallest:
         raise _misfit(name, policy, f"rank {policy.rank} is more than the smallest dimension of the model's linear "
                                     f"layers ({smallest})")
+
+
+def _check_linear_only(model: torch.nn.Module, name: str, policy: PolicyOptions) -> None:
+    """The engine runs each row's adapter in LoRA's linear layers only (components/engines/adapter_rows.py):
+    an adapted embedding would run one adapter for every row of a batch."""
+    from peft.tuners.lora import Linear, LoraLayer
+
+    other = sorted({type(module).__name__ for module in model.modules()
+                    if isinstance(module, LoraLayer) and not isinstance(module, Linear)})
+    if other:
+        raise _misfit(name, policy, f"with several policies only linear layers can be adapted, and the target "
+                                    f"modules include {', '.join(other)} layers")
 
 
 def _misfit(name: str, policy: PolicyOptions, why: str) -> UserError:
