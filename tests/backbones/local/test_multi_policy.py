@@ -155,9 +155,11 @@ def test_adapters_that_do_not_fit_the_model_are_refused_before_step_1(tmp_path, 
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "run")
 
 
-def test_asynchronous_modes_and_lora_rank_are_refused_with_policies(tmp_path):
+def test_asynchronous_modes_workflow_processes_and_lora_rank_are_refused_with_policies(tmp_path):
     conf = write_run_files(tmp_path, TWO_POLICIES)
     with pytest.raises(UserError, match="not supported yet"):
         train(conf, tmp_path / "async", "trainer.mode=async")
+    with pytest.raises(UserError, match="rollout.workflow_processes=2"):
+        train(conf, tmp_path / "processes", "rollout.workflow_processes=2")
     with pytest.raises(UserError, match="local.lora_rank"):
         train(conf, tmp_path / "lora", "local.lora_rank=4")
