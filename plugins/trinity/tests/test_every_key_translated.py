@@ -30,6 +30,10 @@ BASE: dict[str, Any] = {
 # Keys whose type gives no non-default value (strings, optional values, lists, dicts), or whose generic
 # value would not exercise them; several values where each means something else.
 VALUES: dict[str, list[Any]] = {
+    # Several policies (docs/multi_policy.md): refused, each key with the others it needs to be valid.
+    "policies.adapters": [{"writer": {"rank": 4}}],
+    "policies.agents": [{"default": "writer"}],
+    "policies.default_policy": ["writer"],
     "project_name": ["proj"],
     "experiment_name": ["exp"],
     "workflow": ["my_agents:OtherWorkflow"],
@@ -82,6 +86,9 @@ VALIDATING = {"task_reader.validation_split": "test", "trainer.test_freq": 5}
 # What a key needs around it to mean anything (e.g. a threshold needs its criterion): the walk compares
 # the config with the context against the same config with the key's value on top.
 CONTEXT: dict[str, dict[str, Any]] = {
+    "policies.adapters": {"policies.agents": {"default": "writer"}},
+    "policies.agents": {"policies.adapters": {"writer": {"rank": 4}}},
+    "policies.default_policy": {"policies.adapters": {"writer": {"rank": 4}}},
     "algorithm.kl_estimator": {"algorithm.kl_coef": 0.01},
     "algorithm.dynamic_sampling.max_retries": {"algorithm.dynamic_sampling.enable": True},
     "algorithm.policy_loss_options": {"algorithm.policy_loss": "distillation",

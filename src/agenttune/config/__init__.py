@@ -5,6 +5,7 @@
     objective_options.py   `algorithm.dynamic_sampling`, `algorithm.overlong_shaping`
     correction_options.py  `algorithm.rollout_correction` (the options; the local backbone's maths is
                            backbones/local/rollout_correction.py)
+    policies.py            `policies:`: several policies (LoRA adapters) in one run, agent name -> policy
     references.py          `package.module:Name` -> object
     in_process.py          references to objects handed to the Python API
     install_hints.py       which extra of an installed plugin brings a failing import

@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from agenttune.config.base import Section
 from agenttune.config.correction_options import RolloutCorrectionOptions
 from agenttune.config.objective_options import DynamicSamplingOptions, OverlongShapingOptions
+from agenttune.config.policies import PoliciesConfig, check_policies
 from agenttune.errors import UserError
 
 SectionModel = TypeVar("SectionModel", bound=BaseModel)
@@ -334,6 +335,10 @@ class AgentTuneConfig(BaseSettings):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="The RL objective (GRPO).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The training schedule.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Where metrics are logged.")
+    policies: PoliciesConfig = Field(
+        default_factory=PoliciesConfig,
+        description="Several policies in one run: LoRA adapters on the base model and which agent uses which "
+                    "(docs/multi_policy.md). Empty: one policy.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -364,6 +369,12 @@ class AgentTuneConfig(BaseSettings):
             self.data.max_prompt_length = max(room, 1)
         if self.data.max_response_length is None:
             self.data.max_response_length = self.model.max_model_len
+        return self
+
+    @model_validator(mode="after")
+    def _policies_are_mapped(self) -> AgentTuneConfig:
+        """Every mapped agent names a defined policy and every policy is used (one paragraph otherwise)."""
+        check_policies(self.policies)
         return self
 
     @model_validator(mode="after")

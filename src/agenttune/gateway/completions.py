@@ -23,6 +23,7 @@ from agenttune.gateway.madness import (
     repetition_loop,
     wrong_tool_calls,
 )
+from agenttune.gateway.policy_routing import PolicyRouter
 from agenttune.gateway.protocol import ChatRequest, parse_chat_request
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.responses import ChatResult, ChunkWriter
@@ -46,8 +47,9 @@ class _Decoded:
 class ChatCompletions:
     def __init__(self, engine: InferenceEngine, renderer: ChatRenderer, tool_parser: ToolParser,
                  reasoning_parser: ReasoningParser | None, *, max_model_len: int, madness_checks: list[str],
-                 max_turns: int | None = None):
+                 max_turns: int | None = None, router: PolicyRouter | None = None):
         self.engine = engine
+        self.router = router  # several policies: the agent's adapter samples its calls
         self.renderer = renderer
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
@@ -154,7 +156,7 @@ class ChatCompletions:
     async def _prepare(self, channel: EpisodeChannel, timeline: Timeline,
                        request: ChatRequest) -> tuple[Prompt, SamplingParams]:
         self._check_turns(channel, timeline)
-        sampling = self._sampling(channel, request)
+        sampling = self._sampling(channel, request, timeline.agent)
         characters = self._check_text_fits(channel, request, sampling)
         if characters > OFF_LOOP_CHARS:
             if self._renderer_thread is None:
@@ -166,7 +168,7 @@ class ChatCompletions:
         self._check_fits(channel, prompt, sampling)
         return prompt, sampling
 
-    def _sampling(self, channel: EpisodeChannel, request: ChatRequest) -> SamplingParams:
+    def _sampling(self, channel: EpisodeChannel, request: ChatRequest, agent: str = DEFAULT_AGENT) -> SamplingParams:
         # The episode decides temperature/top_p/top_k (training samples from the policy it trains);
         # the request may ask for fewer tokens, for stop strings, and for a grammar (tool_choice,
         # response_format).
@@ -176,13 +178,14 @@ class ChatCompletions:
         if guide is not None and not self.engine.enforces_guides:
             channel.counters["guide_not_enforced"] += 1  # (the scripted test engine; docs/gateway.md)
             guide = None
-        return self._request_sampling(base, max_tokens, request.stop or base.stop, guide)
+        adapter = self.router.adapter_for(channel, agent) if self.router is not None else None
+        return self._request_sampling(base, max_tokens, request.stop or base.stop, guide, adapter)
 
     @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run
     def _request_sampling(self, base: SamplingParams, max_tokens: int, stop: tuple[str, ...],
-                          guide: Guide | None) -> SamplingParams:
+                          guide: Guide | None, adapter: str | None = None) -> SamplingParams:
         return replace(base, max_tokens=max_tokens, stop=stop, stop_token_ids=base.stop_token_ids + self.stop_token_ids,
-                       guide=guide)
+                       guide=guide, adapter=adapter)
 
     def _check_turns(self, channel: EpisodeChannel, timeline: Timeline) -> None:
         # Calls running now count: an agent that sends several at once cannot slip past the limit.

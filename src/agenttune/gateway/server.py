@@ -34,6 +34,7 @@ from agenttune.gateway.api_errors import GatewayError, bad_request
 from agenttune.gateway.channel import AGENT_NAME, AGENT_NAME_RULE, DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.completions import ChatCompletions
 from agenttune.gateway.parser_choice import reasoning_parser, tool_parser
+from agenttune.gateway.policy_routing import PolicyRouter
 from agenttune.gateway.protocol import parse_chat_request
 from agenttune.gateway.rendering import ChatRenderer
 from agenttune.gateway.reply import EVENTS, Reply
@@ -70,7 +71,8 @@ class Gateway:
         self.completions = ChatCompletions(
             engine, self.renderer, tool_parser(config), reasoning_parser(config),
             max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
-            max_turns=None if open_access else config.rollout.max_turns)  # a served conversation is no episode
+            max_turns=None if open_access else config.rollout.max_turns,  # a served conversation is no episode
+            router=PolicyRouter(config.policies, engine))
         self.model_name = config.model.path or "agenttune"
         self.text_completions = TextCompletions(engine, tokenizer, max_model_len=config.model.max_model_len,
                                                 model_name=self.model_name)

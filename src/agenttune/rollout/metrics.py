@@ -52,6 +52,7 @@ def step_metrics(episodes: Sequence[Episode], *, prefix: str = "") -> dict[str, 
         **_request_errors(episodes),
         **_merge_breaks(episodes),
         **_judge_details(episodes),
+        **_unknown_agents(episodes),
     }
     return {f"{prefix}{name}": value for name, value in metrics.items()}
 
@@ -106,6 +107,13 @@ def _judge_details(episodes: Sequence[Episode]) -> dict[str, float]:
             if isinstance(value, int | float) and math.isfinite(value):  # bools count as 0/1
                 values[key].append(float(value))
     return {f"judge/{key}": statistics.fmean(numbers) for key, numbers in sorted(values.items())}
+
+
+def _unknown_agents(episodes: Sequence[Episode]) -> dict[str, float]:
+    """`unknown_agent_calls`: calls of agents `policies.agents` does not name (gateway/policy_routing.py);
+    absent when there were none (always, with one policy)."""
+    calls = sum(episode.metrics.get("unknown_agent", 0.0) for episode in episodes)
+    return {"unknown_agent_calls": float(calls)} if calls else {}
 
 
 def _merge_breaks(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -77,6 +77,13 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
                                   hint="Set model.path to a Hugging Face model id or a local model directory."))
     if validation := missing_validation_split(config):
         problems.append(validation)
+    if config.policies.adapters:  # several policies (docs/multi_policy.md): the local backbone only
+        problems.append(UserError(
+            f"policies.adapters defines {len(config.policies.adapters)} policies ({', '.join(config.policies.adapters)}), "
+            "but Trinity-RFT trains one policy per run: it cannot sample each agent with its own adapter nor keep "
+            "an optimizer per adapter.",
+            hint="Train several policies with --backbone local, or remove the policies: section to train one "
+                 "policy for every agent here."))
     problems += engine_problems(config)
     problems += tinker_mode_problems(config)
     passthrough = config.section("trinity", TrinityOptions).root

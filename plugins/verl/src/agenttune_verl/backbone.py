@@ -89,6 +89,13 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
     if validation := missing_validation_split(config):
         problems.append(validation)
     problems += objective_problems(config)
+    if config.policies.adapters:  # several policies (docs/multi_policy.md): the local backbone only
+        problems.append(UserError(
+            f"policies.adapters defines {len(config.policies.adapters)} policies ({', '.join(config.policies.adapters)}), "
+            "but verl trains one policy per run: it cannot sample each agent with its own adapter nor keep "
+            "an optimizer per adapter.",
+            hint="Train several policies with --backbone local, or remove the policies: section to train one "
+                 "policy for every agent here."))
     return problems
 
 

@@ -10,6 +10,7 @@ so listing plugins stays fast. The pieces:
     dynamic_sampling.py  refill the batch with informative groups (DAPO)
     batching.py     samples -> micro-batches         logprobs.py  per-token log-probs
     policy.py       model loading, LoRA, reference   warmup.py    supervised warm-up
+    policies.py     several policies: an adapter, an optimizer and the agents' samples each
     checkpoint.py   save / resume                    export.py    standalone HF model
     task_order.py   seeded epochs                    monitor.py   TensorBoard, W&B, SwanLab
     progress.py     the progress bar                 report.py    curves PNG + summary table
@@ -42,7 +43,7 @@ class LocalBackbone(Backbone):
     def check(cls, config: AgentTuneConfig) -> None:
         local = local_options(config)
         missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
-        if local.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+        if (local.lora_rank > 0 or config.policies.enabled) and importlib.util.find_spec("peft") is None:
             missing.append("peft")
         if config.monitor.tensorboard and importlib.util.find_spec("tensorboard") is None:
             missing.append("tensorboard")
@@ -57,6 +58,7 @@ class LocalBackbone(Backbone):
         if not config.model.path:
             raise UserError("model.path is not set.",
                             hint="Set model.path to a model directory, a Hugging Face model id, or tiny://default.")
+        _check_policies(config)
         warmup = local.warmup.data
         if warmup and not Path(warmup).is_file():
             raise UserError(f"local.warmup.data: {warmup!r} does not exist.",
@@ -72,3 +74,30 @@ class LocalBackbone(Backbone):
         from agenttune.backbones.local.loop import train
 
         train(run)
+
+
+def _check_policies(config: AgentTuneConfig) -> None:
+    """Several policies (config/policies.py): what this backbone does not do with them yet, refused up front."""
+    from agenttune.config.policies import check_policies
+
+    check_policies(config.policies, local_options(config).lora_rank)
+    if not config.policies.enabled:
+        return
+    if config.trainer.staleness_bound is not None:
+        raise UserError(f"trainer.mode {config.trainer.mode!r} with several policies (policies.adapters) is not "
+                        "supported yet: the asynchronous engine's copy of the weights would have to follow every "
+                        "adapter.", hint="Use trainer.mode: sync with policies.adapters.")
+    if config.rollout.workflow_processes > 1:
+        raise UserError(f"rollout.workflow_processes={config.rollout.workflow_processes} with several policies "
+                        "(policies.adapters) is not supported yet: the workflow processes' gateways reach the engine "
+                        "through a proxy that does not say which adapters it serves, so they would not route agents "
+                        "to their policies.", hint="Use rollout.workflow_processes: 1 with policies.adapters.")
+    if config.engine.type != "hf":
+        raise UserError(f"engine.type {config.engine.type!r} cannot serve several policies: only the hf engine runs "
+                        "each agent's calls with its policy's adapter.",
+                        hint="Use engine.type: hf with policies.adapters.")
+    if local_options(config).warmup.data:
+        raise UserError("local.warmup with several policies (policies.adapters) is not supported: the warm-up "
+                        "would train one adapter for every role.",
+                        hint="Warm the model up in a run of its own and start this one from it (model.path), "
+                             "or give each policy trained weights with policies.adapters.<name>.init.")

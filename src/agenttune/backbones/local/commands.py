@@ -20,11 +20,12 @@ def export(
     out: Path = typer.Option(..., "--out", help="Where to write the Hugging Face model."),
     step: int = typer.Option(None, "--step", help="Export this step's checkpoint (default: the latest)."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty --out directory."),
+    policy: str = typer.Option(None, "--policy", help="A run with several policies: the one to export."),
 ) -> None:
     """Write a checkpoint as a standalone Hugging Face model (LoRA merged) that transformers loads directly."""
     from agenttune.backbones.local.export import export_model
 
-    written = export_model(run_dir, out, step=step, force=force)
+    written = export_model(run_dir, out, step=step, force=force, policy=policy)
     typer.echo(f"Exported to {written}")
 
 

@@ -27,7 +27,8 @@ def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     return wanted
 
 
-def export_model(run_dir: Path, out: Path, *, step: int | None = None, force: bool = False) -> Path:
+def export_model(run_dir: Path, out: Path, *, step: int | None = None, force: bool = False,
+                 policy: str | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = find_checkpoint(run_dir, step)
@@ -39,10 +40,26 @@ def export_model(run_dir: Path, out: Path, *, step: int | None = None, force: bo
         from peft import PeftModel
 
         base = AutoModelForCausalLM.from_pretrained(state.base_model, dtype="auto")
-        model = PeftModel.from_pretrained(base, str(source / "model")).merge_and_unload()
+        adapter = _adapter_dir(source / "model", state.extra.get("policies"), policy)
+        model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     else:
+        _adapter_dir(source / "model", None, policy)  # a policy named for a run without policies is refused
         model = AutoModelForCausalLM.from_pretrained(source / "model", dtype="auto")
     model.config.use_cache = True  # training switched it off; inference wants it
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(source / "model").save_pretrained(out)
     return out
+
+
+def _adapter_dir(model_dir: Path, policies: list[str] | None, policy: str | None) -> Path:
+    """The checkpoint's adapter to merge: the run's one, or the named policy's (docs/multi_policy.md)."""
+    if policies is None:
+        if policy is not None:
+            raise UserError(f"--policy {policy}: this run trained one policy, not several.",
+                            hint="Leave --policy out.")
+        return model_dir
+    if policy not in policies:
+        raise UserError(f"This run trained several policies ({', '.join(policies)}); --policy "
+                        f"{'is missing' if policy is None else f'{policy} is none of them'}.",
+                        hint="Export one policy at a time: --policy NAME.")
+    return model_dir if policy == "default" else model_dir / policy

@@ -24,6 +24,7 @@ from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_me
 from agenttune.backbones.local.dynamic_sampling import fill_batch, is_informative
 from agenttune.backbones.local.monitor import Trackers
 from agenttune.backbones.local.options import local_options
+from agenttune.backbones.local.policies import PolicyTrainers
 from agenttune.backbones.local.policy import (
     Policy,
     count_parameters,
@@ -54,7 +55,7 @@ class Setup:
 
     model: Policy
     tokenizer: Any
-    trainer: GRPOTrainer
+    trainer: GRPOTrainer | PolicyTrainers
     order: TaskOrder
     validation: list[Task]
     total_steps: int
@@ -101,9 +102,17 @@ def prepare(run: Run) -> Setup:
              trainable_parameters=trainable, parameters=total, lora=local.lora_rank > 0)
     if resume_from is None and local.warmup.data:
         _warm_up(run, model, tokenizer, local.warmup.data)
-    trainer = GRPOTrainer(model, config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
-                          reference=reference_scope(config, model, device),
-                          estimator=components.estimator, policy_loss=components.policy_loss)
+    reference = reference_scope(config, model, device)
+
+    def make_trainer(trainer_config: Any) -> GRPOTrainer:
+        return GRPOTrainer(model, trainer_config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
+                           reference=reference, estimator=components.estimator, policy_loss=components.policy_loss)
+
+    trainer: GRPOTrainer | PolicyTrainers
+    if config.policies.enabled:  # one trainer per policy, each on its own agents' samples
+        trainer = PolicyTrainers(model, config, make_trainer)
+    else:
+        trainer = make_trainer(config)
     start_step, pending = 0, []
     if resume_from is not None:
         state = checkpoints.read_state(resume_from)
@@ -237,7 +246,7 @@ async def training_loop(run: Run, setup: Setup) -> None:
     _finish(run)
 
 
-def update_executor(trainer: GRPOTrainer, engine: Any) -> ThreadPoolExecutor:
+def update_executor(trainer: GRPOTrainer | PolicyTrainers, engine: Any) -> ThreadPoolExecutor:
     """The thread asynchronous updates run in, while the event loop serves the workflows and the engine's
     decode thread generates. On CPU, when the update spreads its micro-batches over threads of its own
     (`local.update_threads`, update_threads.py), this one only gathers them: one intra-op thread. A
@@ -426,8 +435,10 @@ def _save(run: Run, setup: Setup, step: int) -> None:
     config, local = run.config, local_options(run.config)
     state = checkpoints.CheckpointState(
         step=step, task_order=setup.order.state_dict(), base_model=resolve_model_path(config.model.path),
-        lora=local.lora_rank > 0,
+        lora=local.lora_rank > 0 or config.policies.enabled,
     )
+    if config.policies.enabled:  # `agenttune export --policy NAME` finds each adapter by it
+        state.extra["policies"] = list(config.policies.adapters)
     if setup.pipeline is not None:  # started or queued groups a resumed run must start again
         state.extra["pending_tasks"] = [task.model_dump(mode="json") for task in setup.pipeline.pending()]
     path = checkpoints.save_checkpoint(run.checkpoints_dir, state, model=setup.model, tokenizer=setup.tokenizer,

@@ -57,7 +57,7 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
     `checkpoint` is a checkpoint's `model/` directory: full weights, or a LoRA adapter on the base model.
     """
     local = local_options(config)
-    lora = local.lora_rank > 0
+    lora = local.lora_rank > 0 or config.policies.enabled
     weights = str(checkpoint) if checkpoint is not None and not lora else resolve_model_path(config.model.path)
     base = load_pretrained(weights, config, device)
     model: Policy = _with_lora(base, config, adapter=checkpoint) if lora else base
@@ -113,6 +113,10 @@ def _with_lora(model: PreTrainedModel, config: AgentTuneConfig, *, adapter: Path
     from peft import LoraConfig, PeftModel, get_peft_model
 
     local = local_options(config)
+    if config.policies.enabled:  # one adapter per policy
+        from agenttune.backbones.local.policies import with_adapters
+
+        return with_adapters(model, config, checkpoint=adapter, lora_rank=local.lora_rank)
     if adapter is not None:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
     lora_config = LoraConfig(
@@ -133,7 +137,7 @@ def reference_scope(config: AgentTuneConfig, policy: Policy, device: torch.devic
     """
     if config.algorithm.kl_coef <= 0:
         return None
-    if local_options(config).lora_rank > 0:
+    if local_options(config).lora_rank > 0 or config.policies.enabled:
         from peft import PeftModel
 
         assert isinstance(policy, PeftModel)  # load_policy wrapped it (lora_rank > 0)

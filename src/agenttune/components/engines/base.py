@@ -56,6 +56,9 @@ class SamplingParams:
     # Lower first, when requests wait for room in a batch (`hf`; other engines ignore it). Asynchronous
     # training gives each group its admission number: the group the trainer takes next decodes first.
     priority: int = 0
+    # The LoRA adapter (policy) that samples this request, when the run has several (config/policies.py);
+    # None: the model as it is. Engines whose `adapter_names` lists none ignore it.
+    adapter: str | None = None
 
 
 @dataclass
@@ -110,6 +113,11 @@ class InferenceEngine(Component):
     # True: `prompt_logprobs` scores given token ids (an on-policy distillation teacher; `agenttune
     # serve`'s /v1/completions with `echo` or `prompt_logprobs`).
     scores_prompts: ClassVar[bool] = False
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        """The LoRA adapters (policies) this engine serves at once, by `SamplingParams.adapter`; () for none."""
+        return ()
 
     @classmethod
     def from_config(cls, config: Any, options: Any, tokenizer: Any, *, model: Any = None) -> InferenceEngine:

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenttune.components.engines.adapter_rows import adapter_names, rows_with_adapters
 from agenttune.components.engines.base import FinishReason, Generation, InferenceEngine, SamplingParams
 from agenttune.components.engines.grammar import GrammarBook, advance
 from agenttune.components.engines.sampling import BatchSampler, seeded_generator, to_host
@@ -144,7 +145,9 @@ class HFEngine(InferenceEngine):
         # The decode thread's intra-op threads on CPU (None: torch's, or not on CPU): a trainer in this
         # process leaves them to it (backbones/local/loop.py, asynchronous modes).
         self.cpu_threads = cpu_threads if model.device.type == "cpu" else None
-        self._decoder = _decoder(model, lean_forward, cuda_graphs=cuda_graphs, max_rows=max_batch_size)
+        # Several adapters (policies): each row runs its own, which a recorded CUDA graph cannot follow.
+        graphs = cuda_graphs and len(adapter_names(model)) < 2
+        self._decoder = _decoder(model, lean_forward, cuda_graphs=graphs, max_rows=max_batch_size)
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held by each forward pass, and by a weight update
 
@@ -161,6 +164,11 @@ class HFEngine(InferenceEngine):
                    max_model_len=config.model.max_model_len,
                    batch_wait_ms=options.batch_wait_ms, max_batch_wait_ms=options.max_batch_wait_ms,
                    lean_forward=options.lean_forward, cuda_graphs=options.cuda_graphs, cpu_threads=threads)
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        """The model's LoRA adapters: a request's `SamplingParams.adapter` picks its row's."""
+        return adapter_names(self.model)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -369,7 +377,8 @@ class HFEngine(InferenceEngine):
             attention = mask.extend()
             with self._weights_lock:  # a weight update lands between steps, never inside one
                 version = self.policy_version
-                logits = self._decoder.forward(tokens[:, None], attention, next_positions, cache)
+                with rows_with_adapters(self.model, [request.sampling.adapter for request in active]):
+                    logits = self._decoder.forward(tokens[:, None], attention, next_positions, cache)
                 newcomers = self._take_pending(active) if joinable and self._pending else []
                 if newcomers:
                     new_logits, new_cache, new_attention, new_positions = self._prefill(newcomers, device)
@@ -421,13 +430,16 @@ class HFEngine(InferenceEngine):
         """Run the left-padded prompts; returns (last logits, KV cache, attention mask, next positions).
 
         Identical prompts are run once and their cache rows copied: a GRPO group's episodes start
-        with the same prompt, so a group of 8 prefills one row instead of 8.
+        with the same prompt, so a group of 8 prefills one row instead of 8 (one per adapter, when the
+        rows name several).
         """
         import torch
 
-        first_row: dict[tuple[int, ...], int] = {}
-        rows = [first_row.setdefault(tuple(request.prompt_ids), len(first_row)) for request in batch]
-        prompts = list(first_row)
+        first_row: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        rows = [first_row.setdefault((request.sampling.adapter, tuple(request.prompt_ids)), len(first_row))
+                for request in batch]
+        adapters = [adapter for adapter, _ in first_row]
+        prompts = [prompt for _, prompt in first_row]
         width = max(len(prompt) for prompt in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -437,7 +449,8 @@ class HFEngine(InferenceEngine):
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = self._decoder.new_cache()
-        logits = self._decoder.forward(input_ids, attention, positions, cache)
+        with rows_with_adapters(self.model, adapters):
+            logits = self._decoder.forward(input_ids, attention, positions, cache)
         self.prefilled_rows += len(prompts)
         if len(prompts) < len(batch):  # copy the shared prompts' rows to every request that sent them
             index = torch.tensor(rows, device=device)
