@@ -30,7 +30,8 @@ def test_local_training_on_the_guessing_game(tmp_path: Path, guess_server):
     train_steps = [row for row in metrics if "failure_rate" in row and row.get("step") in (1, 2)]
     assert {row["step"] for row in train_steps} == {1, 2}
     episodes = records(run.run_dir)
-    assert len(episodes) >= 16 and all(episode["status"] == "ok" for episode in episodes)
+    # madness: a random tiny model may leak a special token, which the madness checks penalize; no failures
+    assert len(episodes) == 16 and {episode["status"] for episode in episodes} <= {"ok", "madness"}
     assert all(episode["samples"] for episode in episodes)  # the model's replies were recorded to train on
     assert server.stats()["live"] == 0
 

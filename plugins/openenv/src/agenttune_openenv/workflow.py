@@ -40,7 +40,7 @@ class TextEnvWorkflow(Workflow):
         env = openenv_for(task, tuner)
         result = await env.reset()
         action_field = options.action_field or await schema_action_field(env)
-        messages = first_messages(task, options, result)
+        messages: list[Any] = first_messages(task, options, result)  # the OpenAI client types its own dicts
         client = tuner.as_async_openai_client()
         for _ in range(tuner.config.rollout.max_turns):
             if result.done:
