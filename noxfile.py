@@ -35,7 +35,7 @@ COOKBOOK_TESTS = "tests/entrypoints/tinker_cookbook"
 TINKER_COOKBOOK = "tinker-cookbook==0.6.1"
 # The plugins' source trees, for import-linter (lint): it reads them without installing them.
 PLUGIN_SOURCES = ["plugins/agentscope/src", "plugins/aworld/src", "plugins/envservice/src", "plugins/judges/gsm8k/src",
-                  "plugins/trinity/src", "plugins/verl/src"]
+                  "plugins/openenv/src", "plugins/trinity/src", "plugins/verl/src"]
 MYPY = "mypy==2.4.1"  # a new mypy finds new things: upgrade it on purpose, with the fixes
 IMPORT_LINTER = "import-linter==2.17"  # lint-imports: the contracts in [tool.importlinter]
 
@@ -216,6 +216,15 @@ def envservice(session: nox.Session) -> None:
     # AgentScope 1.x for examples/appworld (the seeds' ReActAgent), through the agentscope plugin.
     session.install(CPU_TORCH, "-e", "plugins/envservice", "-e", "plugins/agentscope[agentscope1]")
     session.run("pytest", "plugins/envservice/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def openenv(session: nox.Session) -> None:
+    """The OpenEnv plugin on openenv 0.10.0: test environments served by real uvicorn processes, faults, the example."""
+    install_core(session, "local")  # the training test and the example run the tiny model
+    # openenv pulls gradio and fastmcp (its web UI and MCP tools); their own session keeps them out of `tests`.
+    session.install(CPU_TORCH, "-e", "plugins/openenv")
+    session.run("pytest", "plugins/openenv/tests", *session.posargs)
 
 
 @nox.session(python=PYTHON)

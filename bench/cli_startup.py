@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ["plugins/agentscope", "plugins/aworld", "plugins/verl", "plugins/trinity", "plugins/judges/gsm8k",
-           "plugins/envservice"]
+           "plugins/envservice", "plugins/openenv"]
 TARGET_S = 0.5
 
 

@@ -68,7 +68,14 @@ if TYPE_CHECKING:
     from agenttune.rollout.session import RolloutSession, rollout_session
     from agenttune.web.http_retry import RetryPolicy, send_with_retries
     from agenttune.workflow.base import Workflow, WorkflowOutput
-    from agenttune.workflow.episode import Episode, EpisodeStatus, Sample, fit_all, record_fitting
+    from agenttune.workflow.episode import (
+        EnvironmentFailure,
+        Episode,
+        EpisodeStatus,
+        Sample,
+        fit_all,
+        record_fitting,
+    )
     from agenttune.workflow.task import Task, WorkflowTask
     from agenttune.workflow.tuner import ModelTuner
 

@@ -26,7 +26,7 @@ from agenttune.rollout.metrics import step_metrics
 from agenttune.rollout.rollout_engine import RolloutEngine, sampling_params
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
-from agenttune.workflow.episode import EpisodeStatus
+from agenttune.workflow.episode import EnvironmentFailure, EpisodeStatus
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up",
@@ -602,3 +602,27 @@ async def test_the_turn_limit_counts_each_agent_and_calls_in_flight(tokenizer):
         assert len(refused) == 1 and refused[0].code == "max_turns_exceeded"
         assert (await critic.chat.completions.create(model="m", messages=messages)).choices[0].message.content
         assert channel.turn_limit and channel.metrics()["turn_limit"] == 1 and channel.metrics()["calls"] == 3
+
+
+class EnvironmentDownWorkflow(Workflow):
+    """Calls the model once, then its environment fails it (an environment client's EnvironmentFailure)."""
+
+    async def execute(self, task, tuner):
+        client = tuner.as_async_openai_client()
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.query}])
+        if task.task_id == "down":
+            raise EnvironmentFailure("the environment server at http://127.0.0.1:1 did not answer step within 1s")
+        raise ValueError("the agent's own bug")
+
+
+async def test_an_environment_failure_is_counted_apart_from_the_workflows_own_errors(tokenizer):
+    config = tiny_config(rollout={"num_repeat": 1})
+    engine = ScriptedEngine(["Hi."], tokenizer=tokenizer, cycle=True)
+    async with running_gateway(engine, config=config) as gateway, \
+            RolloutEngine(config, gateway, EnvironmentDownWorkflow) as rollout:
+        down, buggy = await rollout.run_tasks(tasks("down", "buggy"))
+    assert down.status is EpisodeStatus.ENVIRONMENT_ERROR and "did not answer step" in down.error
+    assert buggy.status is EpisodeStatus.WORKFLOW_ERROR
+    assert down.samples  # what the model generated before the environment failed is kept in the record
+    metrics = step_metrics([down, buggy])
+    assert metrics["failures/environment_error"] == 1.0 and metrics["failures/workflow_error"] == 1.0

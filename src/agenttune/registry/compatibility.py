@@ -55,6 +55,7 @@ PLUGIN_API: dict[str, tuple[str, str]] = {
     "JudgeResult": ("agenttune.components.judges.base", "JudgeResult"),
     "Episode": ("agenttune.workflow.episode", "Episode"),
     "EpisodeStatus": ("agenttune.workflow.episode", "EpisodeStatus"),
+    "EnvironmentFailure": ("agenttune.workflow.episode", "EnvironmentFailure"),
     "Sample": ("agenttune.workflow.episode", "Sample"),
     "fit_all": ("agenttune.workflow.episode", "fit_all"),
     "record_fitting": ("agenttune.workflow.episode", "record_fitting"),

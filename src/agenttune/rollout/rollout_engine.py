@@ -37,7 +37,7 @@ from agenttune.rollout.loop_watchdog import LoopBlocked, LoopWatchdog
 from agenttune.rollout.running import call_workflow, describe
 from agenttune.rollout.workers import WorkflowProcesses
 from agenttune.workflow.base import Workflow, WorkflowOutput
-from agenttune.workflow.episode import Episode, EpisodeStatus
+from agenttune.workflow.episode import EnvironmentFailure, Episode, EpisodeStatus
 from agenttune.workflow.task import Task
 from agenttune.workflow.tuner import ModelTuner, call_logged
 
@@ -284,8 +284,7 @@ class RolloutEngine:
             if tuner.turn_limit:
                 return GatewayLimitEnd(metadata={"turn_limit": True}, status=EpisodeStatus.TURN_LIMIT,
                                        error=describe(error))
-            status = EpisodeStatus.ENGINE_ERROR if _engine_failed(tuner) else EpisodeStatus.WORKFLOW_ERROR
-            raise EpisodeFailure(status, describe(error))
+            raise EpisodeFailure(_failure_status(error, tuner), describe(error))
         return _workflow_output(runner.result(), self.workflow_cls)
 
     async def _call_workflow(self, episode: Episode, tuner: ModelTuner, deadline: float) -> Any:
@@ -416,6 +415,15 @@ def _turn_rewards(result: JudgeResult, episode: Episode, judge_cls: type) -> lis
 def _short_repr(value: Any, limit: int = 200) -> str:
     shown = repr(value)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _failure_status(error: BaseException, tuner: ModelTuner) -> EpisodeStatus:
+    """Who failed the episode: the engine (the agent saw 502s), the environment, or the workflow itself."""
+    if _engine_failed(tuner):
+        return EpisodeStatus.ENGINE_ERROR
+    if isinstance(error, EnvironmentFailure):
+        return EpisodeStatus.ENVIRONMENT_ERROR
+    return EpisodeStatus.WORKFLOW_ERROR
 
 
 def _engine_failed(tuner: ModelTuner) -> bool:

@@ -37,11 +37,22 @@ class EpisodeStatus(StrEnum):
     # An agent asked for more than rollout.max_turns model calls (the gateway refused it) and the workflow
     # stopped there: a normal end, scored by the judge (or rollout.turn_limit_reward).
     TURN_LIMIT = "turn_limit"
+    # The episode's environment failed it (a server that died, never answered or refused): the workflow
+    # raised EnvironmentFailure. Not the agent's fault, so counted apart from workflow_error.
+    ENVIRONMENT_ERROR = "environment_error"
 
     @property
     def failed(self) -> bool:
         return self not in (EpisodeStatus.OK, EpisodeStatus.MADNESS, EpisodeStatus.NOT_TRAINABLE,
                             EpisodeStatus.CONTEXT_OVERFLOW, EpisodeStatus.TURN_LIMIT)
+
+
+class EnvironmentFailure(RuntimeError):
+    """Raised by an environment client when the episode's environment (not the agent) failed.
+
+    The rollout engine records the episode as `environment_error` instead of `workflow_error`, so that
+    a dying or silent environment server is counted by cause; plugins raise it (agenttune_openenv).
+    """
 
 
 class Sample(BaseModel):

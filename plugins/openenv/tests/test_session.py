@@ -1,0 +1,134 @@
+"""The episode's OpenEnv session against real openenv servers on loopback: reset, step, state, close, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from agenttune_openenv.section import OpenEnvSection
+from agenttune_openenv.server import openenv_server_for_run
+from agenttune_openenv.session import OpenEnvSession, OpenEnvSpec
+from agenttune_openenv.workflow import observation_text, pick_action_field
+from conftest import Server
+
+from agenttune.plugin_api import EnvironmentFailure, UserError
+
+
+def session(server_url: str, seed: int = 0, hang: bool = False, **spec: float) -> OpenEnvSession:
+    reset = {"seed": seed, **({"hang_on_step": True} if hang else {})}
+    return OpenEnvSession(OpenEnvSpec(url=server_url, reset=reset, **spec), f"task-{seed}")
+
+
+async def wait_for_live(server: Server, live: int, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = server.stats()
+        if stats["live"] == live or time.monotonic() > deadline:
+            return stats
+        await asyncio.sleep(0.05)
+
+
+async def test_an_echo_episode_steps_collects_rewards_and_releases_its_instance(echo_server):
+    server = echo_server
+    before = server.stats()
+    env = session(server.url)
+    first = await env.reset()
+    assert first.observation["echoed_message"].startswith("Echo ready (seed 0)") and not first.done
+    result = await env.step({"message": "hello"})
+    assert result.observation["echoed_message"] == "hello" and result.reward == pytest.approx(0.5)
+    assert not result.done
+    result = await env.step({"message": "hi"})
+    assert result.done and env.done and env.rewards == pytest.approx([0.5, 0.2])
+    assert (await env.state())["step_count"] == 2
+    assert server.stats()["live"] == 1
+    await env.close()
+    stats = await wait_for_live(server, 0)
+    assert stats["live"] == 0 and stats["resets"] - before["resets"] == 1
+    assert stats["closed_after_reset"] - before["closed_after_reset"] == 1
+
+
+async def test_each_episode_has_its_own_instance(guess_server):
+    server = guess_server
+    envs = [session(server.url, seed) for seed in (1, 2, 3)]
+    await asyncio.gather(*(env.reset() for env in envs))
+    states = await asyncio.gather(*(env.state() for env in envs))
+    assert server.stats()["live"] == 3
+    await envs[0].step({"guess": "x"})  # a step in one instance moves only that one
+    counts = [state["step_count"] for state in await asyncio.gather(*(env.state() for env in envs))]
+    assert counts == [1, 0, 0]
+    from test_servers.guess_env import secret_for
+
+    assert [state["secret"] for state in states] == [secret_for(seed) for seed in (1, 2, 3)]
+    await asyncio.gather(*(env.close() for env in envs))
+    assert (await wait_for_live(server, 0))["live"] == 0
+
+
+async def test_one_reset_per_session(echo_server):
+    env = session(echo_server.url)
+    await env.reset()
+    with pytest.raises(RuntimeError, match="one instance per episode"):
+        await env.reset()
+    await env.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await env.step({"message": "late"})
+
+
+async def test_a_server_that_never_answers_a_step_times_out(guess_server):
+    env = session(guess_server.url, hang=True, message_timeout=1.0)
+    await env.reset()
+    started = time.monotonic()
+    with pytest.raises(EnvironmentFailure, match=r"did not answer step within 1s"):
+        await env.step({"guess": "5"})
+    assert time.monotonic() - started < 8
+    await env.close()
+
+
+async def test_a_server_that_never_completes_the_handshake_times_out():
+    with socket.socket() as listener:  # accepts connections, never says a word
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        env = session(f"http://127.0.0.1:{port}", connect_timeout=1.0, message_timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(EnvironmentFailure, match="OpenEnv server"):
+            await env.reset()
+        assert time.monotonic() - started < 10
+        await env.close()
+
+
+async def test_no_server_at_all_is_an_environment_failure():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: connections are refused
+        env = session(f"http://127.0.0.1:{port}", connect_timeout=2.0)
+        with pytest.raises(EnvironmentFailure, match="could not be reached for reset"):
+            await env.reset()
+
+
+def test_the_action_field_comes_from_the_schema():
+    assert pick_action_field({"properties": {"message": {"type": "string"}, "metadata": {"type": "object"}},
+                              "required": ["message"]}) == "message"
+    with pytest.raises(UserError, match="cannot tell which"):
+        pick_action_field({"properties": {"a": {"type": "string"}, "b": {"type": "string"}}})
+
+
+def test_observation_text():
+    from agenttune_openenv.session import StepResult
+
+    result = StepResult(observation={"prompt": "Guess.", "guesses_left": 3})
+    assert observation_text(result, None) == "Guess."
+    assert observation_text(result, "guesses_left") == "3"
+    both = StepResult(observation={"a": "x", "b": "y"})
+    assert observation_text(both, None) == '{"a": "x", "b": "y"}'
+    with pytest.raises(UserError, match="observation_field"):
+        observation_text(result, "board")
+
+
+def test_a_container_image_is_refused_in_one_paragraph(tmp_path):
+    with pytest.raises(UserError, match="does not start containers.*openenv.url"):
+        with openenv_server_for_run(OpenEnvSection(image="registry.hf.space/openenv-echo-env:latest"), tmp_path):
+            pass
+    with pytest.raises(ValueError, match="one of openenv.app, openenv.command"):
+        OpenEnvSection(app="a:app", command="python -m a")
