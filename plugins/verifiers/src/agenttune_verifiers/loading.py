@@ -38,6 +38,11 @@ def _build(config: dict[str, Any]) -> Any:
         env_config = env_config_type(taskset_id, config.get("id", "")).model_validate(config)
         return load_environment(env_config)
     except ModuleNotFoundError as error:
+        inner = _innermost(error)
+        if inner.name and inner.name.split(".")[0] != _module_name(taskset_id):
+            raise UserError(f"The verifiers environment {taskset_id!r} is installed, but importing it failed: {inner}.",
+                            hint=f"Install what it needs (`pip install {inner.name.split('.')[0]}` or the "
+                                 "environment's own requirements).") from error
         raise UserError(f"The verifiers environment {taskset_id!r} cannot be imported: {error}.",
                         hint=INSTALL_HINT) from error
     except ValidationError as error:
@@ -47,6 +52,18 @@ def _build(config: dict[str, Any]) -> Any:
     except Exception as error:  # the environment's own code raised while loading: its message, in one paragraph
         raise UserError(f"Loading the verifiers environment {taskset_id!r} failed: {type(error).__name__}: "
                         f"{_one_line(str(error))}.", hint=INSTALL_HINT) from error
+
+
+def _innermost(error: ModuleNotFoundError) -> ModuleNotFoundError:
+    """verifiers re-raises an environment's failed import as "not found"; the cause names the real missing module."""
+    while isinstance(error.__cause__, ModuleNotFoundError):
+        error = error.__cause__
+    return error
+
+
+def _module_name(taskset_id: str) -> str:
+    """The module verifiers imports for an id (`owner/name@version` -> name, dashes as underscores)."""
+    return taskset_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
 
 
 def _one_line(text: str) -> str:
