@@ -34,7 +34,7 @@ def config_data(env_id: str, replies: list[str] | None = None, **sections: Any) 
         "task_reader": {"type": "verifiers", "id": env_id},
         # thread: a judge worker process would import verifiers first (seconds); test_failures checks process isolation
         "judge": {"type": "verifiers", "timeout": 30, "isolation": "thread"},
-        "rollout": {"num_repeat": 2, "episode_timeout": 60, "max_response_length_in_one_turn": 48},
+        "rollout": {"num_repeat": 2, "episode_timeout": 300, "max_response_length_in_one_turn": 48},
         "debug": {"first_n_tasks": 2, "max_parallel": 2},
     }
     if replies is not None:

@@ -32,7 +32,6 @@ def reader_options(num_tasks: int) -> dict:
 
 async def verifiers_own_eval(base_url: str, num_tasks: int) -> dict[str, float]:
     import verifiers.v1 as vf
-
     from agenttune_verifiers.loading import load_env
 
     env = load_env({"taskset": {"id": "vf-say-word", "num_tasks": num_tasks},

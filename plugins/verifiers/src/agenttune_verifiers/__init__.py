@@ -14,14 +14,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agenttune_verifiers.learnable import learnable_config
     from agenttune_verifiers.workflow import VerifiersRolloutError, VerifiersWorkflow
 
 # Imported on first use: agenttune loads this package (for its plugin hooks) on every command, and
 # verifiers takes seconds to import.
-_EXPORTS = {"VerifiersWorkflow": "workflow", "VerifiersRolloutError": "workflow", "learnable_config": "learnable"}
+_EXPORTS = {"VerifiersWorkflow": "workflow", "VerifiersRolloutError": "workflow"}
 
-__all__ = ["VerifiersRolloutError", "VerifiersWorkflow", "learnable_config"]
+__all__ = ["VerifiersRolloutError", "VerifiersWorkflow"]
 
 
 def __getattr__(name: str) -> Any:

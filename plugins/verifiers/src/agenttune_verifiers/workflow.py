@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agenttune import Task, Workflow, WorkflowOutput
-from agenttune.plugin_api import ModelTuner
+from agenttune.plugin_api import ModelTuner, Task, Workflow, WorkflowOutput
 from agenttune_verifiers.loading import load_env, task_from_data
 from agenttune_verifiers.options import METADATA_KEY
 from agenttune_verifiers.records import trace_summary
