@@ -35,7 +35,7 @@ COOKBOOK_TESTS = "tests/entrypoints/tinker_cookbook"
 TINKER_COOKBOOK = "tinker-cookbook==0.6.1"
 # The plugins' source trees, for import-linter (lint): it reads them without installing them.
 PLUGIN_SOURCES = ["plugins/agentscope/src", "plugins/aworld/src", "plugins/envservice/src", "plugins/judges/gsm8k/src",
-                  "plugins/openenv/src", "plugins/trinity/src", "plugins/verl/src"]
+                  "plugins/openenv/src", "plugins/trinity/src", "plugins/verl/src", "plugins/verifiers/src"]
 MYPY = "mypy==2.4.1"  # a new mypy finds new things: upgrade it on purpose, with the fixes
 IMPORT_LINTER = "import-linter==2.17"  # lint-imports: the contracts in [tool.importlinter]
 
@@ -225,6 +225,16 @@ def openenv(session: nox.Session) -> None:
     # openenv pulls gradio and fastmcp (its web UI and MCP tools); their own session keeps them out of `tests`.
     session.install(CPU_TORCH, "-e", "plugins/openenv")
     session.run("pytest", "plugins/openenv/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def verifiers(session: nox.Session) -> None:
+    """The verifiers plugin on verifiers 0.4.0 (pinned by the plugin): environments written in the tests
+    (single-turn, MCP tool, custom multi-turn) under the debug and local backbones; the example's debug run."""
+    install_core(session, "local")  # the local-backbone tests train the tiny model
+    # verifiers 0.4.0 needs openai>=2.54, mcp==2.0.0 and pydantic>=2.12.3: its own virtualenv (aworld's mcp~=1.10 conflicts).
+    session.install(CPU_TORCH, "-e", "plugins/verifiers")
+    session.run("pytest", "plugins/verifiers/tests", *session.posargs)
 
 
 @nox.session(python=PYTHON)

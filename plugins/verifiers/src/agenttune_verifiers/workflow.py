@@ -1,0 +1,74 @@
+"""`VerifiersWorkflow`: one episode is the verifiers environment's own rollout, its model calls through the gateway.
+
+The environment's client is an OpenAI-style `EvalClient` pointed at this episode's gateway URL (the key
+in the path), so every model call, multi-turn and tool calls included, is recorded token by token as
+sampled. Scoring is deferred to the `verifiers` judge, where agenttune's judge limits (timeout,
+memory, process isolation) hold for the environment's reward functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agenttune.plugin_api import ModelTuner, Task, Workflow, WorkflowOutput
+from agenttune_verifiers.loading import load_env, task_from_data
+from agenttune_verifiers.options import METADATA_KEY
+from agenttune_verifiers.records import trace_summary
+
+# verifiers reads the API key from this variable; left unset it sends "EMPTY": the key is in the URL path.
+_UNSET_KEY_VARIABLE = "AGENTTUNE_VERIFIERS_UNUSED_KEY"
+
+
+class VerifiersRolloutError(RuntimeError):
+    """The environment's rollout failed; the message starts with verifiers' own error kind (harness_error, ...)."""
+
+
+class VerifiersWorkflow(Workflow):
+    """Runs the task's verifiers environment (named in task_reader) on the model under training."""
+
+    name = "verifiers"
+
+    async def execute(self, task: Task, tuner: ModelTuner) -> WorkflowOutput:
+        spec = task.metadata.get(METADATA_KEY)
+        if not isinstance(spec, dict):
+            raise VerifiersRolloutError(f"task {task.task_id!r} does not come from a verifiers environment: set "
+                                        "task_reader.type: verifiers")
+        env = load_env(spec["env"])
+        vf_task = task_from_data(env, spec["task"]).defer_scoring()  # the judge scores (under its limits)
+        episode = await _run_episode(env, vf_task, tuner)
+        traces = [trace.model_dump(mode="json") for trace in episode.traces]
+        tuner.update_judge_input_dictionary(verifiers_traces=traces)
+        summary = [trace_summary(trace) for trace in episode.traces]
+        if not episode.ok:
+            raise VerifiersRolloutError(_failure(episode))
+        return WorkflowOutput(metadata={"verifiers": summary})
+
+
+async def _run_episode(env: Any, vf_task: Any, tuner: ModelTuner) -> Any:
+    import verifiers.v1 as vf
+
+    client = vf.EvalClientConfig(base_url=_keyed_url(tuner), api_key_var=_UNSET_KEY_VARIABLE)
+    ctx = vf.ModelContext(model=tuner.model_name, client=client, sampling=vf.SamplingConfig())
+    async with env.serving():
+        return await env.run_episode(vf_task, ctx)
+
+
+def _keyed_url(tuner: ModelTuner) -> str:
+    """The gateway URL with this episode's key in the path: verifiers' client sends a fixed API key."""
+    return f"{tuner.base_url.removesuffix('/v1')}/e/{tuner.api_key}/v1"
+
+
+def _failure(episode: Any) -> str:
+    """`<kind>: <message>` of the episode's first error (its own, else its traces'), kind in snake case."""
+    errors = [*episode.errors, *(error for trace in episode.traces for error in trace.errors)]
+    if not errors:
+        stops = [trace.stop_condition for trace in episode.traces]
+        return f"verifiers_error: the episode did not complete (stop conditions {stops})"
+    error = errors[0]
+    kind = "timeout" if episode.is_timeout or error.type == "TimeoutError" else _snake(error.type)
+    message = " ".join(error.message.split())[:1500]
+    return f"{kind}: {message}"
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")

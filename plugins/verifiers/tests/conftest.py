@@ -1,0 +1,56 @@
+"""The verifiers environments the tests write (tests/envs) on sys.path, and agenttune configs that name them.
+
+verifiers imports an environment by its id, in this process and in the tool-server subprocesses it
+starts (`python -m <module>`), so the folder goes on sys.path and on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ENVS = Path(__file__).parent / "envs"
+TINY = "tiny://verifiers?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
+
+
+@pytest.fixture(autouse=True)
+def test_environments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(ENVS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ENVS), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # verifiers' runtime folders and caches: per test
+
+
+def config_data(env_id: str, replies: list[str] | None = None, **sections: Any) -> dict[str, Any]:
+    """An agenttune config training on the test environment `env_id`, with a scripted (or tiny) model."""
+    data: dict[str, Any] = {
+        "project_name": "verifiers-test",
+        "workflow": "agenttune_verifiers:VerifiersWorkflow",
+        "model": {"path": TINY, "max_model_len": 1024},
+        "task_reader": {"type": "verifiers", "id": env_id},
+        # thread: a judge worker process would import verifiers first (seconds); test_failures checks process isolation
+        "judge": {"type": "verifiers", "timeout": 30, "isolation": "thread"},
+        "rollout": {"num_repeat": 2, "episode_timeout": 300, "max_response_length_in_one_turn": 48},
+        "debug": {"first_n_tasks": 2, "max_parallel": 2},
+    }
+    if replies is not None:
+        data["engine"] = {"type": "scripted", "replies": replies, "cycle": True}
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values} if isinstance(values, dict) else values
+    return data
+
+
+def write_config(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "verifiers.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def rollout_records(run_dir: Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
+    files = sorted((run_dir / "rollouts").glob(pattern))
+    assert files, f"no rollout log in {run_dir}"
+    return [json.loads(line) for file in files for line in file.read_text().splitlines() if line.strip()]
