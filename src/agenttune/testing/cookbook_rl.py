@@ -86,13 +86,13 @@ def offline_cookbook(model: str, tokenizer: Callable[[], Any]) -> Iterator[None]
     from tinker_cookbook.utils import cost_estimation
 
     pricing = cost_estimation.load_model_pricing
-    cost_estimation.load_model_pricing = lambda *args, **kwargs: None  # type: ignore[assignment]
+    cost_estimation.load_model_pricing = lambda *args, **kwargs: None
     tokenizer_utils.register_tokenizer(model, tokenizer)
     try:
         yield
     finally:
         tokenizer_utils.unregister_tokenizer(model)
-        cost_estimation.load_model_pricing = pricing  # type: ignore[assignment]
+        cost_estimation.load_model_pricing = pricing
 
 
 def run_rl_loop(base_url: str, log_path: Path, *, model: str, steps: int, learning_rate: float,
