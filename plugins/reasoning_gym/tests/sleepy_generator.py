@@ -1,7 +1,7 @@
 """A reasoning-gym generator whose score_answer sleeps or allocates, for the judge-limit tests.
 
-Importing this module registers it with reasoning-gym (its public `register_dataset`). The judge
-subclasses below import it, so a judge worker process that unpickles them has the generator too.
+Importing this module registers it with reasoning-gym (its public `register_dataset`): the tests name
+it in `task_reader.imports`, as a user names a module of their own generators.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any
 
-from agenttune_reasoning_gym.judge import ReasoningGymJudge
 from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS, register_dataset
 
@@ -43,6 +42,3 @@ class SleepyDataset(ProceduralDataset):
 if "sleepy" not in DATASETS:
     register_dataset("sleepy", SleepyDataset, SleepyConfig)
 
-
-class SleepyJudge(ReasoningGymJudge):
-    """The reasoning_gym judge, unchanged, in a module that registers the sleepy generator."""

@@ -33,3 +33,12 @@ def test_the_local_backbone_takes_what_it_needs_from_the_endless_training_split(
     records = MetricsLog(run.run_dir / "metrics.jsonl").read()
     assert any("reward/mean" in record for record in records)
     assert any(record.get("val/success_rate") is not None for record in records)
+
+
+def test_an_endless_training_split_without_total_steps_is_one_paragraph(tmp_path: Path) -> None:
+    from agenttune.plugin_api import UserError
+
+    config = load_config(EXAMPLE / "reasoning_gym.yaml", ["trainer.total_steps=null", "trainer.total_epochs=1"],
+                         backbone="local")
+    with pytest.raises(UserError, match="endless.*trainer.total_steps"):
+        train_from_config(config, run_dir=tmp_path / "run")

@@ -82,8 +82,8 @@ def test_a_task_of_another_reader_is_a_judge_error_that_says_so() -> None:
 # -- the judge's limits apply to score_answer (a real debug run, the judge in its worker processes) ------------
 SLEEPY_RUN = """\
 workflow: rg_agent:ReasoningGymAgent
-task_reader: {type: reasoning_gym, dataset: sleepy, config: CONFIG, splits: {train: 1}}
-judge: {judge_protocol: "sleepy_generator:SleepyJudge", untagged: whole_reply}
+task_reader: {type: reasoning_gym, imports: [sleepy_generator], dataset: sleepy, config: CONFIG, splits: {train: 1}}
+judge: {type: reasoning_gym, untagged: whole_reply}
 model: {path: "tiny://default", max_model_len: 1024}
 rollout: {num_repeat: 2, max_response_length_in_one_turn: 8}
 debug: {first_n_tasks: 1}
@@ -100,8 +100,6 @@ def debug_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, *ove
 
 def test_a_score_answer_that_hangs_ends_its_episodes_judge_timeout(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import sleepy_generator  # noqa: F401  (registers the generator in this process, for the reader)
-
     records = debug_run(tmp_path, monkeypatch, "{sleep_s: 60}", "judge.timeout=2", "judge.workers=2")
     assert len(records) == 2
     assert {record["status"] for record in records} == {"judge_timeout"}
@@ -109,8 +107,6 @@ def test_a_score_answer_that_hangs_ends_its_episodes_judge_timeout(tmp_path: Pat
 
 def test_a_score_answer_that_eats_memory_ends_its_episodes_judge_memory(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import sleepy_generator  # noqa: F401
-
     # One worker, so that one allocation at a time is on this shared machine.
     records = debug_run(tmp_path, monkeypatch, "{allocate_mb: 1200}", "judge.memory_limit_mb=700",
                         "judge.timeout=60", "judge.workers=1")

@@ -140,3 +140,11 @@ def test_bad_options_are_one_paragraph_through_the_cli(tmp_path, capsys: pytest.
     output = capsys.readouterr()
     assert "exactly one of `dataset`" in output.out + output.err
     assert "Traceback" not in output.out + output.err
+
+
+def test_a_module_of_ones_own_generators_is_imported_first_and_a_missing_one_named() -> None:
+    source = reader(imports=["sleepy_generator"], dataset="sleepy", splits={"train": 3})
+    source.check(["train"])
+    assert [task.metadata["reasoning_gym"]["imports"] for task in source.read("train")] == [["sleepy_generator"]] * 3
+    with pytest.raises(UserError, match="module 'no_such_generators' could not be imported"):
+        reader(imports=["no_such_generators"], dataset="basic_arithmetic").check(["train"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from functools import lru_cache
@@ -47,6 +48,17 @@ def registry() -> dict[str, tuple[type, type]]:
     from reasoning_gym.factory import DATASETS
 
     return {name: classes for name, classes in DATASETS.items() if name != "composite"}
+
+
+def import_modules(names: list[str], key: str) -> None:
+    """Import the modules that register generators of one's own (`reasoning_gym.register_dataset`)."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # whatever the module raises while it registers
+            raise UserError(f"{key}.imports: module {name!r} could not be imported: {type(error).__name__}: {error}",
+                            hint="Name an importable module (on PYTHONPATH, or installed) that registers your "
+                                 "generators with reasoning_gym.register_dataset.") from error
 
 
 def check_spec(spec: GeneratorSpec, key: str) -> None:

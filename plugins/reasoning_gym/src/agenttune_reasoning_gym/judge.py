@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenttune.plugin_api import Judge, JudgeInput, JudgeResult
-from agenttune_reasoning_gym.generators import scorer
+from agenttune_reasoning_gym.generators import import_modules, scorer
 from agenttune_reasoning_gym.reader import METADATA_KEY
 
 
@@ -49,6 +49,9 @@ class ReasoningGymJudge(Judge):
     def __init__(self, options: ReasoningGymJudgeOptions | None = None):
         super().__init__(options)
         self.options: ReasoningGymJudgeOptions
+        # reasoning-gym takes seconds to import (every generator, sympy): import it here, which a judge worker
+        # does before it reports ready, so that the first score_answer's judge.timeout is not spent on it.
+        import reasoning_gym.utils  # noqa: F401
 
     def judge(self, judge_input: JudgeInput) -> JudgeResult:
         from reasoning_gym.utils import extract_answer
@@ -60,6 +63,7 @@ class ReasoningGymJudge(Judge):
         tagged = answer is not None
         if not tagged and self.options.untagged == "whole_reply" and reply.strip():
             answer = reply.strip()
+        import_modules(stored.get("imports", []), "task_reader")
         score_answer = scorer(stored["dataset"], json.dumps(stored.get("config", {}), sort_keys=True))
         score = float(score_answer(answer, stored["entry"]))
         return JudgeResult(reward=score, success=score >= self.options.success_at, details={

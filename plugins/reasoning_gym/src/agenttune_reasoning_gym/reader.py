@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agenttune.plugin_api import Task, TaskReader, UserError
-from agenttune_reasoning_gym.generators import GeneratorSpec, check_spec, derive_seed, entries
+from agenttune_reasoning_gym.generators import GeneratorSpec, check_spec, derive_seed, entries, import_modules
 
 METADATA_KEY = "reasoning_gym"
 # Candidates the training split may skip in a row (held-out questions) before it gives up: past it the
@@ -57,6 +57,8 @@ class ReasoningGymReaderOptions(BaseModel):
                                    description="The generator's config options (not seed or size).")
     datasets: dict[str, MixedGenerator] | None = Field(
         default=None, description="A weighted mix instead of `dataset`: name -> {weight, config}.")
+    imports: list[str] = Field(default_factory=list, description="Modules to import first: they register "
+                                                              "generators of your own (reasoning_gym.register_dataset).")
     seed: int = Field(default=0, description="Base seed; each split's seed is derived from it and the split's name.")
     splits: dict[str, int | None] = Field(
         default_factory=lambda: {"train": 1000, "test": 200},
@@ -95,6 +97,7 @@ class ReasoningGymTaskReader(TaskReader):
     def check(self, splits: list[str]) -> None:
         for split in splits:
             self._size(split)
+        import_modules(self.options.imports, "task_reader")
         check_spec(self.options.spec, "task_reader")
 
     def endless(self, split: str) -> bool:
@@ -102,6 +105,7 @@ class ReasoningGymTaskReader(TaskReader):
 
     def read(self, split: str) -> Iterator[Task]:
         size = self._size(split)
+        import_modules(self.options.imports, "task_reader")
         held_out = self._held_out_questions() if split == self._training_split else set()
         tasks = self._tasks(split, held_out)
         return tasks if size is None else islice(tasks, size)
@@ -139,15 +143,16 @@ class ReasoningGymTaskReader(TaskReader):
                              "terms, ...), so that questions remain to train on.")
                 continue
             skipped = 0
-            yield _task(split, index, entry, spec)
+            yield _task(split, index, entry, spec, self.options.imports)
             index += 1
 
 
-def _task(split: str, index: int, entry: dict[str, Any], spec: GeneratorSpec) -> Task:
+def _task(split: str, index: int, entry: dict[str, Any], spec: GeneratorSpec, imports: list[str]) -> Task:
     # JSON-safe (tuples become lists), as the entry would be after a round trip through a dataset file.
     entry = json.loads(json.dumps(entry, default=str))
     source = entry.get("metadata", {}).get("source_dataset") or next(iter(spec.configs))
     return Task(task_id=f"{split}-{index}", query=entry["question"], metadata={
         "ground_truth": entry["answer"],
-        METADATA_KEY: {"dataset": source, "config": spec.configs.get(source, {}), "entry": entry},
+        METADATA_KEY: {"dataset": source, "config": spec.configs.get(source, {}), "entry": entry,
+                       "imports": imports},  # the judge imports them too (in its worker processes)
     })
