@@ -61,7 +61,7 @@ class ReasoningGymReaderOptions(BaseModel):
                                                               "generators of your own (reasoning_gym.register_dataset).")
     seed: int = Field(default=0, description="Base seed; each split's seed is derived from it and the split's name.")
     splits: dict[str, int | None] = Field(
-        default_factory=lambda: {"train": 1000, "test": 200},
+        default_factory=lambda: dict[str, int | None](train=1000, test=200),
         description="Split name -> number of tasks (null: endless). The first split is the training split: "
                     "it never repeats a question of the other sized splits.")
 
