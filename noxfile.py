@@ -35,7 +35,8 @@ COOKBOOK_TESTS = "tests/entrypoints/tinker_cookbook"
 TINKER_COOKBOOK = "tinker-cookbook==0.6.1"
 # The plugins' source trees, for import-linter (lint): it reads them without installing them.
 PLUGIN_SOURCES = ["plugins/agentscope/src", "plugins/aworld/src", "plugins/envservice/src", "plugins/judges/gsm8k/src",
-                  "plugins/openenv/src", "plugins/trinity/src", "plugins/verl/src", "plugins/verifiers/src"]
+                  "plugins/openenv/src", "plugins/reasoning_gym/src", "plugins/trinity/src", "plugins/verl/src",
+                  "plugins/verifiers/src"]
 MYPY = "mypy==2.4.1"  # a new mypy finds new things: upgrade it on purpose, with the fixes
 IMPORT_LINTER = "import-linter==2.17"  # lint-imports: the contracts in [tool.importlinter]
 
@@ -235,6 +236,14 @@ def verifiers(session: nox.Session) -> None:
     # verifiers 0.4.0 needs openai>=2.54, mcp==2.0.0 and pydantic>=2.12.3: its own virtualenv (aworld's mcp~=1.10 conflicts).
     session.install(CPU_TORCH, "-e", "plugins/verifiers")
     session.run("pytest", "plugins/verifiers/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def reasoning_gym(session: nox.Session) -> None:
+    """The reasoning-gym plugin with the real reasoning-gym 0.1.25: reader, judge, its limits, the example's runs."""
+    install_core(session, "local")  # the example's debug and local runs use the tiny model
+    session.install(CPU_TORCH, "-e", "plugins/reasoning_gym")  # pins reasoning-gym==0.1.25
+    session.run("pytest", "plugins/reasoning_gym/tests", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -84,8 +84,12 @@ def prepare(run: Run) -> Setup:
     config = run.config
     _seed_everything(config.trainer.seed)
     components = components_for(run)
-    train_tasks = _read(components, config.task_reader.train_split)
-    validation = _read(components, config.task_reader.validation_split) if config.task_reader.validation_split else []
+    reader = config.task_reader
+    train_tasks = _read(components, reader.train_split,
+                        endless_take=(config.trainer.total_steps or 0) * config.data.train_batch_size,
+                        take_key="trainer.total_steps")
+    validation = (_read(components, reader.validation_split, endless_take=config.data.val_batch_size or 0,
+                        take_key="data.val_batch_size") if reader.validation_split else [])
     if config.data.val_batch_size:
         validation = validation[: config.data.val_batch_size]
     order = TaskOrder(train_tasks, config.data.train_batch_size, config.trainer.seed, shuffle=config.data.shuffle)
@@ -126,8 +130,16 @@ def prepare(run: Run) -> Setup:
     return Setup(model, tokenizer, trainer, order, validation, total_steps, start_step, components, pending=pending)
 
 
-def _read(components: Any, split: str) -> list[Task]:
-    tasks = list(components.read_tasks(split))
+def _read(components: Any, split: str, *, endless_take: int, take_key: str) -> list[Task]:
+    """Every task of `split`; of an endless split (a generator's stream), the first `endless_take`."""
+    limit = None
+    if components.task_reader().endless(split):
+        if not endless_take:
+            raise UserError(f"The split {split!r} is endless, so the local backbone needs {take_key} to know how "
+                            f"many of its tasks to take.", hint=f"Set {take_key}, or give the split a size in the "
+                                                                 "task reader's options.")
+        limit = endless_take
+    tasks = list(components.read_tasks(split, limit=limit))
     if not tasks:
         raise UserError(f"The task reader found no tasks in split {split!r}.",
                         hint="Check task_reader's settings and the split names.")

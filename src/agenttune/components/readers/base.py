@@ -39,5 +39,14 @@ class TaskReader(Component):
         heavy work starts. The default checks nothing.
         """
 
+    def endless(self, split: str) -> bool:
+        """True when `read(split)` never ends (a procedural generator's stream).
+
+        Backbones that list a split before training (`local`) then take only the tasks they need
+        (`trainer.total_steps` batches; `data.val_batch_size` for validation) instead of reading forever.
+        The default: every split ends.
+        """
+        return False
+
     def read(self, split: str) -> Iterator[Task]:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement read(split)")
