@@ -87,13 +87,16 @@ def steps_written(run_dir: Path) -> list[int]:
 
 
 def kill_after_step(victim: subprocess.Popen, run_dir: Path, step: int) -> None:
-    """SIGKILL the run as soon as `step` is in its metrics (before the next checkpoint)."""
-    deadline = time.monotonic() + 240
-    while step not in steps_written(run_dir):
-        assert victim.poll() is None, f"the run ended before the crash: {victim.stderr.read()}"
-        assert time.monotonic() < deadline, f"step {step} never finished"
-        time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
+    """SIGKILL the run as soon as `step` is in its metrics (before the next checkpoint); also when the step
+    never comes, so that a failing test leaves no training run behind."""
+    deadline = time.monotonic() + 600  # a hang's limit (a step takes seconds), generous for a loaded machine
+    try:
+        while step not in steps_written(run_dir):
+            assert victim.poll() is None, f"the run ended before the crash: {victim.stderr.read()}"
+            assert time.monotonic() < deadline, f"step {step} never finished"
+            time.sleep(0.01)
+    finally:
+        victim.send_signal(signal.SIGKILL)
     assert victim.wait(timeout=30) == -signal.SIGKILL
 
 
@@ -123,7 +126,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     conf = write_project(root / "project")
     straight, crashed = root / "straight", root / "crashed"
     uninterrupted = train(conf, straight)
-    kill_after_step(train(conf, crashed), crashed, 3)
+    try:
+        kill_after_step(train(conf, crashed), crashed, 3)
+    except BaseException:
+        uninterrupted.kill()
+        raise
     at_crash = {"steps": steps_written(crashed), "checkpoints": checkpoints(crashed)}
     assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read()
     resumed = train(conf, crashed, "--resume")
