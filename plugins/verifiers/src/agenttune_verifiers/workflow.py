@@ -1,5 +1,8 @@
 """`VerifiersWorkflow`: one episode is the verifiers environment's own rollout, its model calls through the gateway.
 
+verifiers 0.4 (`verifiers.v1`) here; 0.1-0.3 environments (a task whose metadata says `stack: legacy`)
+in legacy/rollout.py, the same way.
+
 The environment's client is an OpenAI-style `EvalClient` pointed at this episode's gateway URL (the key
 in the path), so every model call, multi-turn and tool calls included, is recorded token by token as
 sampled. Scoring is deferred to the `verifiers` judge, where agenttune's judge limits (timeout,
@@ -33,6 +36,10 @@ class VerifiersWorkflow(Workflow):
         if not isinstance(spec, dict):
             raise VerifiersRolloutError(f"task {task.task_id!r} does not come from a verifiers environment: set "
                                         "task_reader.type: verifiers")
+        if spec.get("stack") == "legacy":
+            state, state_summary = await _run_legacy(spec, tuner)
+            tuner.update_judge_input_dictionary(verifiers_state=state)
+            return WorkflowOutput(metadata={"verifiers": [state_summary]})
         env = load_env(spec["env"])
         vf_task = task_from_data(env, spec["task"]).defer_scoring()  # the judge scores (under its limits)
         episode = await _run_episode(env, vf_task, tuner)
@@ -51,6 +58,15 @@ async def _run_episode(env: Any, vf_task: Any, tuner: ModelTuner) -> Any:
     ctx = vf.ModelContext(model=tuner.model_name, client=client, sampling=vf.SamplingConfig())
     async with env.serving():
         return await env.run_episode(vf_task, ctx)
+
+
+async def _run_legacy(spec: dict[str, Any], tuner: ModelTuner) -> tuple[dict[str, Any], dict[str, Any]]:
+    from agenttune_verifiers.legacy.rollout import LegacyRolloutError, run_legacy_episode
+
+    try:
+        return await run_legacy_episode(spec, tuner)
+    except LegacyRolloutError as error:  # the model's failure: a workflow_error, as on the 0.4 path
+        raise VerifiersRolloutError(str(error)) from error
 
 
 def _keyed_url(tuner: ModelTuner) -> str:
