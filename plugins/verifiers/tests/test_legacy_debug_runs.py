@@ -82,3 +82,16 @@ def test_an_environment_that_fails_its_episode_is_an_environment_error(tmp_path:
     [record] = debug_run(tmp_path, data)
     assert record["status"] == "environment_error"
     assert "runtime_error: the game server is down" in record["error"]  # the kind, then its message
+
+
+def test_verifiers_03_errors_map_to_the_environment_or_the_workflow() -> None:
+    from agenttune_verifiers.legacy.rollout import LegacyRolloutError, classify
+    from verifiers.legacy.errors import InfraError, ModelError, SandboxError, ToolCallError, ToolParseError
+
+    from agenttune.plugin_api import EnvironmentFailure
+
+    for error in (InfraError("sandbox gone"), SandboxError("no box"), ToolCallError("the tool raised")):
+        assert isinstance(classify(error), EnvironmentFailure), error
+    for error in (ModelError("endpoint refused"), ToolParseError("bad arguments")):  # the model's output or endpoint
+        assert isinstance(classify(error), LegacyRolloutError), error
+    assert str(classify(InfraError("sandbox gone"))) == "infra_error: sandbox gone"

@@ -47,18 +47,18 @@ async def run_legacy_episode(spec: dict[str, Any], tuner: ModelTuner) -> tuple[d
     try:
         state = await env.rollout(dict(spec["row"]), client, tuner.model_name, None)
     except Error as error:
-        raise _classified(error) from error
+        raise classify(error) from error
     except Exception as error:  # the environment's own code raised (setup_state, env_response, a stop condition)
         raise EnvironmentFailure(f"{_snake(type(error).__name__)}: {_one_line(str(error))}") from error
     finally:
         await client.close()
     summary = state_summary(state)
     if state.get("error") is not None:
-        raise _classified(state["error"])
+        raise classify(state["error"])
     return sendable_state(state), summary
 
 
-def _classified(error: BaseException) -> Exception:
+def classify(error: BaseException) -> Exception:
     """The model's failures stay workflow errors; everything else the environment did is environment_error."""
     from verifiers.legacy.errors import ModelError, OverlongPromptError, ToolParseError
 
