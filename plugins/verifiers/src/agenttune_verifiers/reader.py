@@ -1,7 +1,8 @@
 """The `verifiers` task reader: a verifiers environment's tasks, one agenttune Task each.
 
 The Task's metadata carries the environment's config and the verifiers task's wire data, so the
-workflow and the judge rebuild exactly this task, in any process.
+workflow and the judge rebuild exactly this task, in any process. With verifiers 0.1-0.3 installed,
+the environment's dataset rows instead (legacy/tasks.py).
 """
 
 from __future__ import annotations
