@@ -234,7 +234,7 @@ def verifiers(session: nox.Session) -> None:
     (single-turn, MCP tool, custom multi-turn) under the debug and local backbones; the example's debug run."""
     install_core(session, "local")  # the local-backbone tests train the tiny model
     # verifiers 0.4.0 needs openai>=2.54, mcp==2.0.0 and pydantic>=2.12.3: its own virtualenv (aworld's mcp~=1.10 conflicts).
-    session.install(CPU_TORCH, "-e", "plugins/verifiers")
+    session.install(CPU_TORCH, "-e", "plugins/verifiers[v04]")
     session.run("pytest", "plugins/verifiers/tests", *session.posargs)
 
 
@@ -244,6 +244,16 @@ def reasoning_gym(session: nox.Session) -> None:
     install_core(session, "local")  # the example's debug and local runs use the tiny model
     session.install(CPU_TORCH, "-e", "plugins/reasoning_gym")  # pins reasoning-gym==0.1.25
     session.run("pytest", "plugins/reasoning_gym/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def verifiers03(session: nox.Session) -> None:
+    """The verifiers plugin on verifiers 0.3.1 (`load_environment(**kw)` environments: single-turn, tool, custom
+    multi-turn; Rubric scoring, environment_error, verifiers' own eval agreeing, a local-backbone run)."""
+    install_core(session, "local")  # the local-backbone test trains the tiny model
+    # verifiers 0.3.1 needs mcp<2, 0.4.0 pins mcp==2.0.0: its own virtualenv (the plugin's [v03] extra pins both).
+    session.install(CPU_TORCH, "-e", "plugins/verifiers[v03]")
+    session.run("pytest", "plugins/verifiers/tests", *session.posargs)  # conftest collects the test_legacy_* files
 
 
 @nox.session(python=PYTHON)

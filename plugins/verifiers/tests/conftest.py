@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,25 @@ import pytest
 import yaml
 
 ENVS = Path(__file__).parent / "envs"
+ENVS03 = Path(__file__).parent / "envs03"  # verifiers 0.1-0.3 environments (test_legacy_*.py, nox -s verifiers03)
 TINY = "tiny://verifiers?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
+
+
+def legacy_stack() -> bool:
+    """Whether this Python has verifiers 0.1-0.3 (nox -s verifiers03) rather than 0.4 (nox -s verifiers)."""
+    return tuple(int(part) for part in version("verifiers").split(".")[:2]) < (0, 4)
+
+
+# One nox session per stack: each collects only its own test files (the other stack's environments cannot import).
+collect_ignore_glob = [path.name for path in Path(__file__).parent.glob("test_*.py")
+                       if path.name.startswith("test_legacy_") != legacy_stack()]
 
 
 @pytest.fixture(autouse=True)
 def test_environments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.syspath_prepend(str(ENVS))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ENVS), os.environ.get("PYTHONPATH")])))
+    envs = ENVS03 if legacy_stack() else ENVS
+    monkeypatch.syspath_prepend(str(envs))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(envs), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # verifiers' runtime folders and caches: per test
 
 
@@ -54,3 +67,16 @@ def rollout_records(run_dir: Path, pattern: str = "*.jsonl") -> list[dict[str, A
     files = sorted((run_dir / "rollouts").glob(pattern))
     assert files, f"no rollout log in {run_dir}"
     return [json.loads(line) for file in files for line in file.read_text().splitlines() if line.strip()]
+
+
+def loss_runs(sample: dict) -> list[list[int]]:
+    """The runs of response tokens with loss mask 1: what the trainer trains on, call by call."""
+    runs: list[list[int]] = []
+    previous = 0
+    for token, mask in zip(sample["response_ids"], sample["loss_mask"], strict=True):
+        if mask and not previous:
+            runs.append([])
+        if mask:
+            runs[-1].append(token)
+        previous = mask
+    return runs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import config_data, rollout_records, write_config
+from conftest import config_data, loss_runs, rollout_records, write_config
 
 from agenttune.plugin_api import load_config, train_from_config
 
@@ -37,19 +37,6 @@ def test_a_single_turn_environment_is_read_rolled_out_and_scored_by_its_own_rewa
 
 
 TOOL_CALL = '<tool_call>\n{"name": "add_tools_add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-
-
-def loss_runs(sample: dict) -> list[list[int]]:
-    """The runs of response tokens with loss mask 1: what the trainer trains on, call by call."""
-    runs: list[list[int]] = []
-    previous = 0
-    for token, mask in zip(sample["response_ids"], sample["loss_mask"], strict=True):
-        if mask and not previous:
-            runs.append([])
-        if mask:
-            runs[-1].append(token)
-        previous = mask
-    return runs
 
 
 def test_a_tool_environment_trains_on_exactly_the_tokens_sampled_in_every_sample(tmp_path: Path) -> None:

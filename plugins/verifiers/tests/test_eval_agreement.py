@@ -49,7 +49,7 @@ async def verifiers_own_eval(base_url: str, num_tasks: int) -> dict[str, float]:
 @pytest.mark.timeout(240)
 async def test_verifiers_eval_and_agenttune_validation_give_the_same_rewards() -> None:
     tokenizer = tiny_tokenizer()
-    num_tasks = 8
+    num_tasks = 4  # apple, river, stone, cloud: the policy says apple and stone back
     config = tiny_config(task_reader=reader_options(num_tasks), judge={"type": "verifiers", "isolation": "thread"},
                          rollout={"num_repeat": 1, "max_env_worker": 4})
     async with Gateway(ScriptedEngine(tokenizer=tokenizer, responder=policy(tokenizer)), tokenizer, config,
@@ -69,4 +69,4 @@ async def test_verifiers_eval_and_agenttune_validation_give_the_same_rewards() -
 
     assert own == validation
     assert sorted(set(own.values())) == [0.0, 1.0]  # the policy is right on some tasks and wrong on others
-    assert sum(own.values()) / num_tasks == sum(validation.values()) / num_tasks == 5 / 8
+    assert sum(own.values()) / num_tasks == sum(validation.values()) / num_tasks == 2 / 4

@@ -16,7 +16,9 @@ def test_the_example_debug_run_shows_rewards_that_differ(tmp_path: Path) -> None
     records = [json.loads(line) for path in sorted((run.run_dir / "rollouts").glob("*.jsonl"))
                for line in path.read_text().splitlines()]
     assert len(records) == 16  # debug.first_n_tasks 4 x rollout.num_repeat 4
-    assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
+    # a random tiny model: a madness check may fire on an episode (a normal end, penalty reward), none may fail
+    assert all(r["status"] in ("ok", "madness") for r in records), [r["error"] for r in records]
     assert len({r["reward"] for r in records}) > 1
-    assert all("reward/overlap" in r["judge_details"] and "metric/reply_chars" in r["judge_details"]
-               for r in records)
+    scored = [r for r in records if r["status"] == "ok"]
+    assert len(scored) >= 12
+    assert all("reward/overlap" in r["judge_details"] and "metric/reply_chars" in r["judge_details"] for r in scored)

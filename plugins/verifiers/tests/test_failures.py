@@ -36,13 +36,30 @@ def test_rewards_that_raise_or_hang_end_their_episode_under_the_judges_limits(tm
     assert status["hang"][0] == "judge_timeout"
 
 
-def test_a_failing_rollout_is_a_workflow_error_named_by_its_verifiers_kind(tmp_path: Path) -> None:
+def test_a_rollout_the_environment_fails_is_an_environment_error_named_by_its_verifiers_kind(tmp_path: Path) -> None:
     data = config_data("vf-bad-rewards", replies=["hello"], rollout={"num_repeat": 1},
                        task_reader={"args": {"modes": ["setup"]}}, debug={"first_n_tasks": 1})
     run = train_from_config(load_config(write_config(tmp_path, data), backbone="debug"), run_dir=tmp_path / "run")
     [record] = rollout_records(run.run_dir)
-    assert record["status"] == "workflow_error"
+    assert record["status"] == "environment_error"  # the task's own setup raised: not the model's doing
     assert "task_error" in record["error"] and "the task's setup is broken" in record["error"]
+
+
+def test_verifiers_error_kinds_map_to_the_environment_or_the_workflow() -> None:
+    from agenttune_verifiers.workflow import ENVIRONMENT_KINDS, VerifiersRolloutError, rollout_failure
+    from verifiers.v1.trace import Error
+
+    from agenttune.plugin_api import EnvironmentFailure
+
+    for kind in ENVIRONMENT_KINDS:  # the task's hooks, tool servers, Env.run, box, interception, harness
+        failure = rollout_failure([Error(type=kind, message="it broke")], False, [])
+        assert isinstance(failure, EnvironmentFailure), kind
+    server_died = rollout_failure([Error(type="ToolsetError", message="tool server exited\n(code 1)")], False, [])
+    assert str(server_died) == "toolset_error: tool server exited (code 1)"
+    model = rollout_failure([Error(type="ProviderError", message="502 from the endpoint")], False, [])
+    assert isinstance(model, VerifiersRolloutError) and str(model) == "provider_error: 502 from the endpoint"
+    assert isinstance(rollout_failure([Error(type="HarnessError", message="slow")], True, []), VerifiersRolloutError)
+    assert isinstance(rollout_failure([], False, ["error"]), VerifiersRolloutError)
 
 
 def test_verifiers_own_rollout_timeout_ends_the_trace_as_verifiers_does(tmp_path: Path) -> None:

@@ -21,13 +21,15 @@ def test_each_kind_of_environment_trains_with_the_local_backbone(tmp_path: Path,
     data = config_data(env_id, model={"max_model_len": 512},
                        task_reader={"split_args": {"test": {"num_tasks": 2}}, "validation_split": "test"},
                        rollout={"num_repeat": 2, "max_env_worker": 4, "max_response_length_in_one_turn": 12},
-                       data={"train_batch_size": 2},
-                       trainer={"total_steps": 2, "learning_rate": 1e-2, "val_before_train": True, "test_freq": 2,
+                       # one GRPO group per step and one validation (at step 2): each episode starts verifiers'
+                       # harness program (and tool server) as processes, seconds each, so the run stays short
+                       data={"train_batch_size": 1},
+                       trainer={"total_steps": 2, "learning_rate": 1e-2, "val_before_train": False, "test_freq": 2,
                                 "save_freq": 0, "seed": 3},
                        local={"device": "cpu", "micro_batch_tokens": 512, "plot": False})
     run = train_from_config(load_config(write_config(tmp_path, data), backbone="local"), run_dir=tmp_path / "run")
     train = rollout_records(run.run_dir, "step_*_train.jsonl")
-    assert len(train) == 2 * 2 * 2  # 2 steps x 2 tasks x 2 repeats
+    assert len(train) == 2 * 1 * 2  # 2 steps x 1 task x 2 repeats
     assert all(r["status"] == "ok" for r in train), [r["error"] for r in train]
     assert all(r["samples"] and sum(r["samples"][0]["loss_mask"]) > 0 for r in train)  # every episode trained
     assert rollout_records(run.run_dir, "step_*_validation.jsonl")  # validation ran through the same path
