@@ -13,6 +13,7 @@ from typing import Any
 
 from agenttune.components.engines.base import Generation, Guide, GuideError, InferenceEngine, SamplingParams
 from agenttune.components.parsers.base import ReasoningParser, ToolParse, ToolParser
+from agenttune.config.policies import BASE_ADAPTER
 from agenttune.gateway.api_errors import GatewayError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.guides import guide_for
@@ -157,6 +158,7 @@ class ChatCompletions:
                        request: ChatRequest) -> tuple[Prompt, SamplingParams]:
         self._check_turns(channel, timeline)
         sampling = self._sampling(channel, request, timeline.agent)
+        timeline.policy = None if sampling.adapter in (None, BASE_ADAPTER) else sampling.adapter
         characters = self._check_text_fits(channel, request, sampling)
         if characters > OFF_LOOP_CHARS:
             if self._renderer_thread is None:
