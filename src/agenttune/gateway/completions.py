@@ -180,7 +180,7 @@ class ChatCompletions:
         if guide is not None and not self.engine.enforces_guides:
             channel.counters["guide_not_enforced"] += 1  # (the scripted test engine; docs/gateway.md)
             guide = None
-        adapter = self.router.adapter_for(channel, agent) if self.router is not None else None
+        adapter = self.router.adapter_for(channel, agent, request.model) if self.router is not None else None
         return self._request_sampling(base, max_tokens, request.stop or base.stop, guide, adapter)
 
     @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run

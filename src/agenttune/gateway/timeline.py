@@ -35,6 +35,7 @@ BREAK_REASONS = {
     "template_rewrote_reply": "the chat template renders the model's reply differently than it was generated "
                               "(e.g. it strips a think block left in the content)",
     "concurrent_call": "another call of the same agent was still running",
+    "policy_changed": "the call samples with another policy's adapter (`agenttune serve`: another `model`)",
 }
 
 
@@ -181,6 +182,8 @@ class Timeline:
         assert turn is not None  # prompt_for asks only when there is a previous call
         if self.in_flight > 1:
             return "concurrent_call"
+        if self.current is not None and self.current.policy != self.policy:
+            return "policy_changed"  # a sample is one policy's: its logprobs are that adapter's
         if request.tools != turn.tools:
             return "tools_changed"
         if request.template_kwargs != turn.template_kwargs:
