@@ -10,7 +10,8 @@
 3. runs `agenttune train --conf examples/two_policies/two_policies.yaml` and prints held-out accuracy
    (greedy, 200 problems: the checker's final answer) before and after RL.
 
-Extra arguments go to `agenttune train`, e.g. `--backbone debug`, `--run-dir runs/tp trainer.total_steps=4`.
+`--data DIR` puts the data and the warmed-up model elsewhere (default examples/two_policies/data). Other
+arguments go to `agenttune train`, e.g. `--backbone debug`, `--run-dir runs/tp trainer.total_steps=4`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 QUICKSTART = HERE.parent / "quickstart"
 DATA = HERE / "data"
-# --one-policy: both agents mapped to one adapter with the same settings as each of the two.
-ONE_POLICY = ["policies.adapters={team: {rank: 32, alpha: 64, learning_rate: 1.0e-3}}",
-              "policies.agents={solver: team, checker: team}"]
+# --one-policy: both agents mapped to one adapter with the same settings as each of the two. (A config
+# file, not overrides: an override's mapping merges into the file's, which would keep both adapters.)
+ONE_POLICY = {"adapters": {"team": {"rank": 32, "alpha": 64, "learning_rate": 1.0e-3}},
+              "agents": {"solver": "team", "checker": "team"}}
 
 
 def quickstart_module(name: str):
@@ -80,6 +82,16 @@ def prepare(data: Path = DATA, *, conversations: int | None = None, warmup_steps
     return warmed_up_model(data / "warm-model", data, steps=warmup_steps)
 
 
+def one_policy_config() -> Path:
+    """two_policies.yaml with ONE_POLICY as its policies, beside it (the workflow module is found there)."""
+    import yaml
+
+    config = yaml.safe_load((HERE / "two_policies.yaml").read_text(encoding="utf-8"))
+    path = HERE / "one_policy.generated.yaml"
+    path.write_text(yaml.safe_dump({**config, "policies": ONE_POLICY}, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def held_out_accuracy(run_dir: Path) -> list[tuple[int, float]]:
     from agenttune.rollout.metrics import MetricsLog
 
@@ -98,9 +110,10 @@ def main(argv: list[str], data: Path = DATA, *, conversations: int | None = None
                else Path("runs/two_policies") / time.strftime("%Y%m%d-%H%M%S"))
     if "--run-dir" not in argv:
         argv = ["--run-dir", str(run_dir), *argv]
-    overrides = [f"task_reader.path={data}/{{split}}.jsonl", f"model.path={model}", *(ONE_POLICY if one_policy else [])]
+    overrides = [f"task_reader.path={data}/{{split}}.jsonl", f"model.path={model}"]
+    conf = one_policy_config() if one_policy else HERE / "two_policies.yaml"
     try:
-        agenttune(["train", "--conf", str(HERE / "two_policies.yaml"), *argv, *overrides])
+        agenttune(["train", "--conf", str(conf), *argv, *overrides])
     except SystemExit as exit_:
         if exit_.code:
             raise
@@ -112,5 +125,13 @@ def main(argv: list[str], data: Path = DATA, *, conversations: int | None = None
     return run_dir
 
 
+def cli(argv: list[str]) -> None:
+    if "--data" in argv:
+        at = argv.index("--data")
+        main(argv[:at] + argv[at + 2:], Path(argv[at + 1]).resolve())
+    else:
+        main(argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(sys.argv[1:])
