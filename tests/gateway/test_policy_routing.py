@@ -53,6 +53,9 @@ async def test_each_agent_samples_with_its_policys_adapter(two_adapters, tiny_to
         await asyncio.gather(*[call(agent) for agent in ("writer", "critic", "stranger")])
         samples = {sample.agent: sample for sample in channel.samples()}
     assert channel.counters["unknown_agent"] == 1  # the stranger; writer and critic are mapped
+    # The rollout log's record of which policy sampled each sample (the log viewer shows and filters it).
+    assert {agent: sample.policy for agent, sample in samples.items()} == {
+        "writer": "writer", "critic": "critic", "stranger": "critic"}
     for agent, adapter in (("writer", "writer"), ("critic", "critic"), ("stranger", "critic")):
         expected, sampled = adapter_logprobs(two_adapters, adapter, samples[agent])
         assert len(sampled) > 0
@@ -72,6 +75,7 @@ async def test_without_policies_no_call_names_an_adapter(two_adapters, tiny_toke
         sampling = gateway.completions._sampling(channel, _request(), "writer")
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
     assert sampling.adapter is None and "unknown_agent" not in channel.counters
+    assert [sample.policy for sample in channel.samples()] == [None]
     await engine.aclose()
 
 

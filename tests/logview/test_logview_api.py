@@ -241,3 +241,34 @@ def test_bad_requests_get_clear_errors(api):
     assert status == 404 and "No episode 99 in this file (6 episodes)" in message
     status, _ = error("/api/episodes", file="proj/exp/run-a/rollouts/step_000042_train.jsonl")
     assert status == 404
+
+
+def test_each_sample_names_its_policy_and_the_table_filters_by_policy(tmp_path):
+    """Several policies in one run: episodes where a solver (policy `solver`) and a checker (policy `checker`,
+    or the base model in odd episodes) took turns. The writer records each sample's policy and the episode's
+    policies; the table shows them, counts them and filters by them; the full record keeps each sample's."""
+    episodes = step_episodes(1, count=4)
+    for number, written in enumerate(episodes):
+        [solver] = written.samples
+        checker = solver.model_copy(update={"agent": "checker", "policy": "checker" if number % 2 == 0 else None})
+        written.samples = [solver.model_copy(update={"agent": "solver", "policy": "solver"}), checker]
+    RolloutLog(tmp_path / "run" / "rollouts").write(1, "train", episodes, tiny_tokenizer())
+    file = "run/rollouts/step_000001_train.jsonl"
+    with viewer(tmp_path) as (_, api):
+        def rows(**params):
+            return api.get("/api/episodes", params={"file": file, **params}).json()
+
+        everything = rows()
+        assert [row["policies"] for row in everything["episodes"]] == [["checker", "solver"], ["solver"]] * 2
+        assert everything["policies"] == {"solver": 4, "checker": 2}
+        assert [row["index"] for row in rows(policy="checker")["episodes"]] == [0, 2]
+        assert rows(policy="solver")["matched"] == 4
+        assert rows(policy="critic")["matched"] == 0
+        record = api.get("/api/episode", params={"file": file, "index": 1}).json()
+        assert [(sample["agent"], sample["policy"]) for sample in record["samples"]] == [("solver", "solver"),
+                                                                                         ("checker", None)]
+    one_policy = tmp_path / "single"
+    write_run(one_policy, steps=1, validation=False)
+    with viewer(one_policy) as (_, api):
+        data = api.get("/api/episodes", params={"file": "rollouts/step_000001_train.jsonl"}).json()
+        assert data["policies"] == {} and all(row["policies"] == [] for row in data["episodes"])

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agenttune.config.models import AgentTuneConfig
+from agenttune.errors import UserError
 from agenttune.rollout.log import RolloutLog
 from agenttune.workflow.episode import Episode
 from agenttune.workflow.task import Task
@@ -83,15 +84,38 @@ class ServeRecorder:
                 await asyncio.to_thread(self._write, episodes)
 
 
+def policies_model(config: AgentTuneConfig, adapters: Path | None = None) -> Any:
+    """With `policies:`, the base model holding every policy's adapter (a request's `model: writer` picks
+    one): from `adapters` (a checkpoint's model/ directory, model/<policy>/ each), else each policy's
+    `init`, else fresh (the base model's output). None without policies: the engine loads the model."""
+    if not config.policies.enabled:
+        if adapters is not None:
+            raise UserError(f"--adapters {str(adapters)!r} is given but the config defines no policies, so there "
+                            "are no adapters to load.",
+                            hint="Use the training run's config (its policies: section), or leave --adapters out.")
+        return None
+    if config.engine.type != "hf":
+        raise UserError(f"Serving several policies needs the hf engine (engine.type=hf); engine.type is "
+                        f"{config.engine.type!r}.", hint="Set engine.type=hf (docs/multi_policy.md).")
+    if adapters is not None and not adapters.is_dir():
+        raise UserError(f"--adapters {str(adapters)!r} is not a directory.",
+                        hint="Give a checkpoint's model/ directory, e.g. runs/x/checkpoints/step_000020/model.")
+    from agenttune.backbones.local.policies import with_adapters
+    from agenttune.components.engines.model_loading import load_model
+
+    return with_adapters(load_model(config.model), config, checkpoint=adapters).eval()
+
+
 async def serve(config: AgentTuneConfig, run_dir: Path, *, ready: Any = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Serve until `stop` is set (or SIGINT / SIGTERM); `ready(base_url)` is called once listening."""
+                stop: asyncio.Event | None = None, adapters: Path | None = None) -> None:
+    """Serve until `stop` is set (or SIGINT / SIGTERM); `ready(base_url)` is called once listening.
+    `adapters`: with policies, the checkpoint's model/ directory to load their adapters from."""
     from agenttune.components.engines.model_loading import load_tokenizer
     from agenttune.gateway import Gateway
     from agenttune.registry.resolution import build_engine
 
     tokenizer = load_tokenizer(config.model)
-    engine = build_engine(config, tokenizer)
+    engine = build_engine(config, tokenizer, model=policies_model(config, adapters))
     stop = stop or asyncio.Event()
     try:
         async with Gateway(engine, tokenizer, config, open_access=True) as gateway:

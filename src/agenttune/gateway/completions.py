@@ -13,6 +13,7 @@ from typing import Any
 
 from agenttune.components.engines.base import Generation, Guide, GuideError, InferenceEngine, SamplingParams
 from agenttune.components.parsers.base import ReasoningParser, ToolParse, ToolParser
+from agenttune.config.policies import BASE_ADAPTER
 from agenttune.gateway.api_errors import GatewayError
 from agenttune.gateway.channel import DEFAULT_AGENT, EpisodeChannel
 from agenttune.gateway.guides import guide_for
@@ -157,6 +158,7 @@ class ChatCompletions:
                        request: ChatRequest) -> tuple[Prompt, SamplingParams]:
         self._check_turns(channel, timeline)
         sampling = self._sampling(channel, request, timeline.agent)
+        timeline.policy = None if sampling.adapter in (None, BASE_ADAPTER) else sampling.adapter
         characters = self._check_text_fits(channel, request, sampling)
         if characters > OFF_LOOP_CHARS:
             if self._renderer_thread is None:
@@ -178,7 +180,7 @@ class ChatCompletions:
         if guide is not None and not self.engine.enforces_guides:
             channel.counters["guide_not_enforced"] += 1  # (the scripted test engine; docs/gateway.md)
             guide = None
-        adapter = self.router.adapter_for(channel, agent) if self.router is not None else None
+        adapter = self.router.adapter_for(channel, agent, request.model) if self.router is not None else None
         return self._request_sampling(base, max_tokens, request.stop or base.stop, guide, adapter)
 
     @lru_cache(maxsize=1024)  # noqa: B019 - one handler per gateway; a few distinct settings per run

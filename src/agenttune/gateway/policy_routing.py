@@ -18,8 +18,11 @@ class PolicyRouter:
     """Agent name -> the engine's adapter for it. Routes only when the run has policies and the engine
     holds their adapters; otherwise every call samples from the model as it is (None)."""
 
-    def __init__(self, policies: PoliciesConfig, engine: InferenceEngine):
+    def __init__(self, policies: PoliciesConfig, engine: InferenceEngine, *, by_model: bool = False):
+        """`by_model`: a request whose `model` names a policy samples with that policy's adapter, whichever
+        agent sent it (`agenttune serve`, where no trainer files samples under agents)."""
         self.policies = policies
+        self.by_model = by_model
         served = set(engine.adapter_names)
         self.routing = policies.enabled and set(policies.adapters) <= served
         self._reported: set[str] = set()
@@ -28,13 +31,19 @@ class PolicyRouter:
             log.warning(f"policies: the {engine.name!r} engine does not serve the policies' adapters "
                         f"({sorted(policies.adapters)}); every agent samples from the model it has")
 
-    def adapter_for(self, channel: EpisodeChannel, agent: str) -> str | None:
+    def adapter_for(self, channel: EpisodeChannel, agent: str, model: str | None = None) -> str | None:
         if not self.routing:
             return None
+        if self.by_model and model in self.policies.adapters:
+            return model
         if not self.policies.knows(agent):
             channel.counters[UNKNOWN_AGENT] += 1
             self._report(agent)
         return self.policies.policy_of(agent) or BASE_ADAPTER
+
+    def served_models(self) -> list[str]:
+        """The model names a request may ask for besides the base model's: the policies, when routed by them."""
+        return list(self.policies.adapters) if self.routing and self.by_model else []
 
     def _report(self, agent: str) -> None:
         """Once per name per gateway: an agent seen every call would flood the log."""

@@ -68,11 +68,12 @@ class Gateway:
         self.tokenizer = tokenizer
         self.config = config
         self.renderer = ChatRenderer(tokenizer)
+        self.router = PolicyRouter(config.policies, engine, by_model=open_access)  # serve: `model: writer`
         self.completions = ChatCompletions(
             engine, self.renderer, tool_parser(config), reasoning_parser(config),
             max_model_len=config.model.max_model_len, madness_checks=list(config.rollout.compute_madness_checklist),
             max_turns=None if open_access else config.rollout.max_turns,  # a served conversation is no episode
-            router=PolicyRouter(config.policies, engine))
+            router=self.router)
         self.model_name = config.model.path or "agenttune"
         self.text_completions = TextCompletions(engine, tokenizer, max_model_len=config.model.max_model_len,
                                                 model_name=self.model_name)
@@ -196,8 +197,9 @@ class Gateway:
             return Reply(200, dumps(await self.text_completions.answer(_json(body, self.limits.max_body_bytes))))
         if route == "/models":
             _allow(method, "GET")
+            names = [self.model_name, *self.router.served_models()]
             return Reply(200, dumps({"object": "list", "data": [
-                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agenttune"}]}))
+                {"id": name, "object": "model", "created": 0, "owned_by": "agenttune"} for name in names]}))
         if route in ("/health", ""):
             _allow(method, "GET")
             return Reply(200, dumps({"status": "ok", "episodes": len(self._channels)}))

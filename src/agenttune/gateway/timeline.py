@@ -35,6 +35,7 @@ BREAK_REASONS = {
     "template_rewrote_reply": "the chat template renders the model's reply differently than it was generated "
                               "(e.g. it strips a think block left in the content)",
     "concurrent_call": "another call of the same agent was still running",
+    "policy_changed": "the call samples with another policy's adapter (`agenttune serve`: another `model`)",
 }
 
 
@@ -42,6 +43,7 @@ BREAK_REASONS = {
 class SampleBuilder:
     agent: str
     prompt_ids: list[int]
+    policy: str | None = None  # the adapter that sampled it (several policies); None: the one model
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -80,7 +82,7 @@ class SampleBuilder:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def to_sample(self, trainable: bool) -> Sample:
-        return Sample(agent=self.agent, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
+        return Sample(agent=self.agent, policy=self.policy, prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
                       loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), num_calls=len(self.call_spans),
                       call_spans=list(self.call_spans),
                       trainable=trainable and self.exact, engine_logprobs=self.engine_logprobs,
@@ -119,6 +121,7 @@ class Timeline:
         self.conversation: list[dict[str, Any]] = []
         self.in_flight = 0
         self.calls = 0  # answered calls (rollout.max_turns bounds them)
+        self.policy: str | None = None  # the policy whose adapter samples this agent's calls (gateway routing)
         self._turn: _Turn | None = None
 
     def prompt_for(self, request: ChatRequest) -> Prompt:
@@ -160,7 +163,7 @@ class Timeline:
             sample.add_context(prompt.context_ids)
             self.current = sample
         else:
-            sample = SampleBuilder(self.agent, list(prompt.ids), exact=exact)
+            sample = SampleBuilder(self.agent, list(prompt.ids), self.policy, exact=exact)
             self.samples.append(sample)
             self.current = sample
             reason = prompt.break_reason or ("concurrent_call" if prompt.extends is not None else None)
@@ -179,6 +182,8 @@ class Timeline:
         assert turn is not None  # prompt_for asks only when there is a previous call
         if self.in_flight > 1:
             return "concurrent_call"
+        if self.current is not None and self.current.policy != self.policy:
+            return "policy_changed"  # a sample is one policy's: its logprobs are that adapter's
         if request.tools != turn.tools:
             return "tools_changed"
         if request.template_kwargs != turn.template_kwargs:

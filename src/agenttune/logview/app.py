@@ -3,7 +3,7 @@
     GET /                    the page (static/index.html; app.js and app.css beside it)
     GET /api/runs            the runs under the root, each with its step files
     GET /api/metrics?run=    a run's charts (reward, success, validation accuracy over steps)
-    GET /api/episodes?file=  one page of a step's episode table: filter, sort, search; no token arrays
+    GET /api/episodes?file=  one page of a step's episode table: filter (also by policy=), sort, search; no token arrays
     GET /api/episode?file=&index=   one episode's full record, as written to the rollout log
 
 Model text only ever reaches the page as JSON; the page puts it into the DOM as text. The
@@ -91,7 +91,8 @@ class Viewer:
         query = _query(params)
         rows, matched = index.select(query)
         return JSONResponse({"total": len(index), "matched": matched, "offset": query.offset,
-                             "statuses": index.status_counts(), "failed_statuses": sorted(FAILED),
+                             "statuses": index.status_counts(), "policies": index.policy_counts(),
+                             "failed_statuses": sorted(FAILED),
                              "episodes": rows})
 
     def episode(self, request: Request) -> Response:
@@ -115,6 +116,7 @@ def _query(params: QueryParams) -> Query:
     return Query(
         status=params.get("status") or None,
         success={"": None, "true": True, "false": False}.get(success.lower()),
+        policy=params.get("policy") or None,
         min_reward=_number(params, "min_reward"),
         max_reward=_number(params, "max_reward"),
         text=params.get("q", "").strip(),

@@ -49,6 +49,7 @@ class Query:
 
     status: str | None = None  # a status, "failed" (any failure status), or None for all
     success: bool | None = None
+    policy: str | None = None  # episodes with a sample of this policy (several policies in one run)
     min_reward: float | None = None
     max_reward: float | None = None
     text: str = ""
@@ -118,6 +119,10 @@ class StepIndex:
 
     def status_counts(self) -> dict[str, int]:
         return dict(Counter(entry.summary["status"] for entry in self.entries))
+
+    def policy_counts(self) -> dict[str, int]:
+        """Episodes per policy (an episode of two agents with two policies counts for both)."""
+        return dict(Counter(name for entry in self.entries for name in entry.summary.get("policies", ())))
 
     def _search(self, entries: list[Entry], text: str) -> list[Entry]:
         """Case-insensitive (ASCII) substring search in the records' JSON, token arrays left out."""
@@ -208,7 +213,13 @@ def summarise(record: dict[str, Any], number: int) -> dict[str, Any]:
         "error": _preview(error, ERROR_PREVIEW) if error else None,
         "step": record.get("step"),
         "split": record.get("split"),
+        "policies": _policies(record.get("policies")),
     }
+
+
+def _policies(value: Any) -> list[str]:
+    """The record's policy names (written last in the line, so the index reads them without the samples)."""
+    return [str(name) for name in value] if isinstance(value, list) else []
 
 
 def _preview(value: Any, limit: int) -> str:
@@ -224,6 +235,8 @@ def _matches(summary: dict[str, Any], query: Query) -> bool:
     elif query.status and status != query.status:
         return False
     if query.success is not None and bool(summary.get("success")) != query.success:
+        return False
+    if query.policy is not None and query.policy not in summary.get("policies", ()):
         return False
     reward = summary.get("reward")
     if query.min_reward is not None and (reward is None or reward < query.min_reward):

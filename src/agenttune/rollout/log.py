@@ -47,6 +47,9 @@ class RolloutRecord(Episode):
     step: int = Field(description="The training step the episode was rolled out for (0: before training).")
     split: str = Field(description="'train' or 'validation'.")
     samples: list[LoggedSample] = Field(default_factory=list)  # type: ignore[assignment]
+    # Last in the line, so the log viewer's index reads it without parsing the samples (logview/step_index.py).
+    policies: list[str] = Field(default_factory=list, description="The policies that sampled this episode's "
+                                                                  "samples (each sample's `policy`), sorted.")
 
 
 class TokenText:
@@ -79,7 +82,8 @@ def to_record(episode: Episode, *, step: int, split: str, token_text: TokenText 
         for sample in episode.samples
     ]
     fields = episode.model_dump(include=set(Episode.model_fields) - {"samples"})
-    return RolloutRecord(**fields, samples=samples, step=step, split=split)
+    policies = sorted({sample.policy for sample in samples if sample.policy is not None})
+    return RolloutRecord(**fields, samples=samples, step=step, split=split, policies=policies)
 
 
 class RolloutLog:

@@ -64,6 +64,9 @@ class Sample(BaseModel):
     """
 
     agent: str = Field(default="default", description="The agent (model handle name) that produced it.")
+    policy: str | None = Field(
+        default=None, description="The policy (LoRA adapter, `policies:`) that sampled it; None: the run has one "
+                                  "policy, or this agent sampled from the base model.")
     prompt_ids: list[int]
     response_ids: list[int]
     loss_mask: list[int]

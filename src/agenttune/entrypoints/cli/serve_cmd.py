@@ -34,6 +34,9 @@ def serve(
     allow_host: list[str] = typer.Option(None, "--allow-host", help="gateway.allowed_hosts: a host name clients "
                                          "may address besides loopback (repeatable); other Host and Origin "
                                          "headers are refused while --host is loopback."),
+    adapters: Path = typer.Option(None, "--adapters", help="With policies: a checkpoint's model/ directory; each "
+                                                           "policy's adapter is loaded from model/<policy>/ and a "
+                                                           "request's `model: <policy>` samples with it."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
 ) -> None:
     """Serve the configured model and engine at an OpenAI base URL, recording every conversation."""
@@ -51,9 +54,11 @@ def serve(
 
     def ready(base_url: str) -> None:
         console.print(f"agenttune serve: {config.model.path} on the {config.engine.type} engine", markup=False)
+        if config.policies.enabled:
+            console.print(f"policies (model: NAME): {', '.join(config.policies.adapters)}", markup=False)
         console.print(f"OpenAI base URL: [bold]{base_url}[/] (any API key; each key is one conversation)",
                       markup=True)
         console.print(f"Recording to {run.rollouts_dir} (agenttune logview {run.run_dir}); Ctrl-C stops",
                       markup=False)
 
-    asyncio.run(serve_forever(config, run.run_dir, ready=ready))
+    asyncio.run(serve_forever(config, run.run_dir, ready=ready, adapters=adapters))

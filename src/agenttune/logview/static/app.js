@@ -20,7 +20,7 @@ const state = {
   selected: null,    // episode index within the file
   episode: null,     // the selected episode's full record
   tab: "conversation",
-  query: { q: "", status: "", success: "", min_reward: "", max_reward: "", sort: "index", order: "asc", offset: 0 },
+  query: { q: "", status: "", success: "", policy: "", min_reward: "", max_reward: "", sort: "index", order: "asc", offset: 0 },
   chartsJson: "",
   episodesTicket: 0,
   failed: new Set(), // the statuses that count as failures (the server says which)
@@ -261,6 +261,7 @@ async function loadEpisodes() {
   state.failed = new Set(data.failed_statuses);
   state.rows = data.episodes;
   renderStatusFilter(data.statuses);
+  renderPolicyFilter(data.policies || {});
   renderEpisodes(data);
 }
 
@@ -272,6 +273,19 @@ function renderStatusFilter(counts) {
   const options = [el("option", { value: "" }, `status: any (${total})`)];
   if (failed) options.push(el("option", { value: "failed" }, `failed (${failed})`));
   for (const [status, count] of Object.entries(counts).sort()) options.push(el("option", { value: status }, `${status} (${count})`));
+  setChildren(select, options);
+  select.value = current;
+}
+
+// Several policies in one run: which episodes have samples of each (docs/multi_policy.md); hidden otherwise.
+function renderPolicyFilter(counts) {
+  const select = $("policy-filter");
+  const current = state.query.policy;
+  const names = Object.keys(counts).sort();
+  select.hidden = !names.length && !current;
+  const options = [el("option", { value: "" }, "policy: any")];
+  for (const name of names) options.push(el("option", { value: name }, `${name} (${counts[name]})`));
+  if (current && !names.includes(current)) options.push(el("option", { value: current }, `${current} (0)`));
   setChildren(select, options);
   select.value = current;
 }
@@ -291,11 +305,12 @@ function renderEpisodes(data) {
     el("td", {}, statusBadge(row.status)),
     el("td", { class: "num" }, fmt(row.reward)),
     el("td", {}, row.success === null ? "—" : row.success ? el("span", { class: "yes" }, "✓") : el("span", { class: "no" }, "✗")),
+    el("td", {}, (row.policies || []).join(", ") || "—"),
     el("td", { class: "num" }, fmt(row.turns)),
     el("td", { class: "num" }, fmt(row.duration_s, 1)));
     return tr;
   }));
-  if (!data.episodes.length) tbody.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No episodes match.")));
+  if (!data.episodes.length) tbody.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No episodes match.")));
   const from = data.matched ? data.offset + 1 : 0;
   const to = data.offset + data.episodes.length;
   const filtered = data.matched !== data.total ? ` (${data.total.toLocaleString()} in the step)` : "";
@@ -321,10 +336,11 @@ function setUpControls() {
   });
   $("status-filter").addEventListener("change", (event) => changeQuery({ status: event.target.value }));
   $("success-filter").addEventListener("change", (event) => changeQuery({ success: event.target.value }));
+  $("policy-filter").addEventListener("change", (event) => changeQuery({ policy: event.target.value }));
   for (const id of ["min-reward", "max-reward"]) {
     $(id).addEventListener("change", (event) => changeQuery({ [id.replace("-", "_")]: event.target.value }));
   }
-  for (const th of document.querySelectorAll("#episodes th")) {
+  for (const th of document.querySelectorAll("#episodes th[data-sort]")) {
     th.addEventListener("click", () => {
       const same = state.query.sort === th.dataset.sort;
       changeQuery({ sort: th.dataset.sort, order: same && state.query.order === "asc" ? "desc" : "asc" });
@@ -472,7 +488,7 @@ function renderSample(sample, number, count) {
   return el("div", { class: "sample", dataset: { sample: number } },
     el("div", { class: "sample-head" },
       el("b", {}, `Sample ${number + 1} of ${count}`),
-      ` · agent ${sample.agent ?? "default"} · ${sample.num_calls ?? 1} call${sample.num_calls === 1 ? "" : "s"} merged · `,
+      ` · agent ${sample.agent ?? "default"}${sample.policy ? ` · policy ${sample.policy}` : ""} · ${sample.num_calls ?? 1} call${sample.num_calls === 1 ? "" : "s"} merged · `,
       `prompt ${(sample.prompt_ids || []).length} tokens · response ${response.length} tokens, ${trained} trained`,
       sample.trainable === false ? el("span", { class: "tag" }, "not trainable") : null),
     el("details", { class: "part", open: true },
