@@ -33,7 +33,7 @@ def test_a_name_the_installed_version_lacks_names_the_version_and_the_extra(tmp_
     error = failing_reference(tmp_path, "from peft import ReActAgent")
     assert "workflow: importing" in error.message and "ImportError: cannot import name 'ReActAgent'" in error.message
     assert f"peft {version('peft')} is installed" in error.hint
-    assert f"`pip install -e '{ROOT}[local]'` (peft>=0.12)" in error.hint  # this checkout is an editable install
+    assert f"`pip install -e '{ROOT}[local]'` (peft<0.22,>=0.12)" in error.hint  # this checkout is an editable install
 
 
 def test_a_missing_package_an_extra_brings_names_the_extra(tmp_path):
