@@ -9,6 +9,7 @@ key fails here until it is translated, refused or listed with its reason.
 from __future__ import annotations
 
 import copy
+import importlib.util
 from typing import Any
 
 import pytest
@@ -156,6 +157,15 @@ def translate(config: Any) -> dict[str, Any]:
     VerlBackbone.check(config)
     return VerlBackbone.native_config(config)
 
+
+# The AgentScope plugin's section, where it is installed (the verl session installs it for the README's math
+# agent): the framework's own options, read by the workflow's agents in verl's agent-loop workers.
+if importlib.util.find_spec("agenttune_agentscope") is not None:
+    VALUES |= {"agentscope.context_size": [4096], "agentscope.stream": [True]}
+    NOT_FOR_VERL |= dict.fromkeys(
+        ["agentscope.stream", "agentscope.headless", "agentscope.permission_mode", "agentscope.inject_runtime_state",
+         "agentscope.context_size"],
+        "the AgentScope framework's options, read by agenttune's agent loop inside verl's agent-loop workers")
 
 WALK = KeyWalk("verl", BASE, translate, values=VALUES, context=CONTEXT, same_as_base=SAME_AS_BASE,
                not_for=NOT_FOR_VERL)
