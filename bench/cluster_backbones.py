@@ -89,7 +89,7 @@ def warmed_up_model(out: Path, data: Path) -> Path:
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agenttune.backbones.local.warmup import demonstration_item, read_conversations, supervised_warmup
+    from agenttune.backbones.local.warmup import warm_up_on_file
     from agenttune.components.engines.model_loading import resolve_model_path
 
     config = yaml.safe_load((QUICKSTART / "quickstart.yaml").read_text(encoding="utf-8"))
@@ -99,14 +99,10 @@ def warmed_up_model(out: Path, data: Path) -> Path:
     model = AutoModelForCausalLM.from_pretrained(path)
     random.seed(seed)
     torch.manual_seed(seed)
-    conversations = random.Random(seed).sample(read_conversations(data / "demos.jsonl"),
-                                               warmup["steps"] * warmup["batch_size"])
-    items = [demonstration_item(tokenizer, row["messages"], row.get("tools")) for row in conversations]
     started = time.perf_counter()
-    supervised_warmup(model, items, steps=warmup["steps"], batch_size=warmup["batch_size"],
-                      learning_rate=warmup["learning_rate"], micro_batch_tokens=config["local"]["micro_batch_tokens"],
-                      pad_token_id=next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0),
-                      seed=seed)
+    warm_up_on_file(model, tokenizer, data / "demos.jsonl", steps=warmup["steps"], batch_size=warmup["batch_size"],
+                    learning_rate=warmup["learning_rate"], micro_batch_tokens=config["local"]["micro_batch_tokens"],
+                    seed=seed)
     print(f"warm-up: {warmup['steps']} steps in {time.perf_counter() - started:.0f} s", flush=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -17,7 +17,6 @@ arguments go to `agenttune train`, e.g. `--backbone debug`, `--run-dir runs/tp t
 from __future__ import annotations
 
 import importlib.util
-import random
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ def warmed_up_model(out: Path, data: Path, *, steps: int | None = None) -> Path:
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agenttune.backbones.local.warmup import demonstration_item, read_conversations, supervised_warmup
+    from agenttune.backbones.local.warmup import warm_up_on_file
     from agenttune.components.engines.model_loading import resolve_model_path
 
     config = yaml.safe_load((QUICKSTART / "quickstart.yaml").read_text(encoding="utf-8"))
@@ -60,14 +59,10 @@ def warmed_up_model(out: Path, data: Path, *, steps: int | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     torch.manual_seed(seed)
-    conversations = read_conversations(data / "demos.jsonl")
-    conversations = random.Random(seed).sample(conversations, min(len(conversations), steps * warmup["batch_size"]))
-    items = [demonstration_item(tokenizer, row["messages"], row.get("tools")) for row in conversations]
     started = time.perf_counter()
-    supervised_warmup(model, items, steps=steps, batch_size=warmup["batch_size"],
-                      learning_rate=warmup["learning_rate"], micro_batch_tokens=config["local"]["micro_batch_tokens"],
-                      pad_token_id=next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0),
-                      seed=seed)
+    warm_up_on_file(model, tokenizer, data / "demos.jsonl", steps=steps, batch_size=warmup["batch_size"],
+                    learning_rate=warmup["learning_rate"], micro_batch_tokens=config["local"]["micro_batch_tokens"],
+                    seed=seed)
     print(f"warm-up: {steps} steps in {time.perf_counter() - started:.0f} s", flush=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

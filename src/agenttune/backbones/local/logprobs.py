@@ -8,6 +8,7 @@ the trained tokens from the hidden states in chunks (packing.py, chunked_logprob
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,6 +51,12 @@ class Batch:
     def num_model_tokens(self) -> int:
         """The tokens the model runs on: a shared prompt counts once (prompt_sharing.py)."""
         return self.packing.tokens if self.packing is not None else self.num_tokens
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id `collate` pads rows with: the tokenizer's pad token, else its end of sequence, else 0."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad) if pad is not None else 0
 
 
 def collate(items: list[TrainItem], pad_token_id: int, device: torch.device | str) -> Batch:

@@ -22,6 +22,7 @@ import torch
 import agenttune.backbones.local.checkpoint as checkpoints
 from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_metrics
 from agenttune.backbones.local.dynamic_sampling import fill_batch, is_informative
+from agenttune.backbones.local.logprobs import pad_token_id
 from agenttune.backbones.local.monitor import Trackers
 from agenttune.backbones.local.options import local_options
 from agenttune.backbones.local.policies import PolicyTrainers
@@ -109,7 +110,7 @@ def prepare(run: Run) -> Setup:
     reference = reference_scope(config, model, device)
 
     def make_trainer(trainer_config: Any) -> GRPOTrainer:
-        return GRPOTrainer(model, trainer_config, pad_token_id=_pad_id(tokenizer), total_steps=total_steps,
+        return GRPOTrainer(model, trainer_config, pad_token_id=pad_token_id(tokenizer), total_steps=total_steps,
                            reference=reference, estimator=components.estimator, policy_loss=components.policy_loss)
 
     trainer: GRPOTrainer | PolicyTrainers
@@ -178,23 +179,17 @@ def _json_line(record: dict[str, Any]) -> str:
 
 
 def _warm_up(run: Run, model: torch.nn.Module, tokenizer: Any, data: str) -> None:
-    from agenttune.backbones.local.warmup import demonstration_item, read_conversations, supervised_warmup
+    from agenttune.backbones.local.warmup import warm_up_on_file
 
     config = run.config
     warmup = local_options(config).warmup
-    conversations = read_conversations(data)
-    needed = warmup.steps * warmup.batch_size
-    if needed < len(conversations):  # render only what the warm-up will see
-        conversations = random.Random(config.trainer.seed).sample(conversations, needed)
-    items = [demonstration_item(tokenizer, row["messages"], row.get("tools")) for row in conversations]
-    log.info("supervised warm-up", demonstrations=len(items), steps=warmup.steps)
+    log.info("supervised warm-up", data=data, steps=warmup.steps)
     started = time.perf_counter()
     with TrainingProgress(warmup.steps, label="warm-up") as progress:
-        metrics = supervised_warmup(
-            model, items, steps=warmup.steps, batch_size=warmup.batch_size, learning_rate=warmup.learning_rate,
-            micro_batch_tokens=local_options(config).micro_batch_tokens, pad_token_id=_pad_id(tokenizer),
-            seed=config.trainer.seed,
-            on_step=lambda step, m: progress.warmup_step(step, m),
+        metrics = warm_up_on_file(
+            model, tokenizer, data, steps=warmup.steps, batch_size=warmup.batch_size,
+            learning_rate=warmup.learning_rate, micro_batch_tokens=local_options(config).micro_batch_tokens,
+            seed=config.trainer.seed, on_step=lambda step, m: progress.warmup_step(step, m),
         )
     log.info("warm-up done", seconds=round(time.perf_counter() - started, 1), **metrics)
 
@@ -204,11 +199,6 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
-
-
-def _pad_id(tokenizer: Any) -> int:
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return int(pad) if pad is not None else 0
 
 
 def _seed_everything(seed: int) -> None:

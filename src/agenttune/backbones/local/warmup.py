@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agenttune.backbones.local.batching import TrainItem, micro_batches
-from agenttune.backbones.local.logprobs import collate, token_logprobs
+from agenttune.backbones.local.logprobs import collate, pad_token_id, token_logprobs
 from agenttune.errors import UserError
 
 
@@ -85,6 +85,30 @@ def _constant_then_decay(steps: int, decay_fraction: float = 0.2):
         return max(0.0, 1.0 - (step - decay_start) / max(steps - decay_start, 1))
 
     return factor
+
+
+def warm_up_on_file(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    path: str | Path,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    micro_batch_tokens: int,
+    seed: int,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, float]:
+    """`local.warmup` on the demonstrations in `path`: only as many conversations as the warm-up will see
+    are rendered (drawn with `seed`), then `supervised_warmup`. Returns its last metrics."""
+    conversations = read_conversations(path)
+    needed = steps * batch_size
+    if needed < len(conversations):
+        conversations = random.Random(seed).sample(conversations, needed)
+    items = [demonstration_item(tokenizer, row["messages"], row.get("tools")) for row in conversations]
+    return supervised_warmup(model, items, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+                             micro_batch_tokens=micro_batch_tokens, pad_token_id=pad_token_id(tokenizer), seed=seed,
+                             on_step=on_step)
 
 
 def supervised_warmup(
