@@ -22,7 +22,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from agenttune.backbones.local.options import LocalOptions, local_options
+from agenttune.backbones.local.options import LocalOptions, local_options, trains_adapters
 from agenttune.components.backbone import Backbone
 from agenttune.errors import UserError
 
@@ -43,7 +43,7 @@ class LocalBackbone(Backbone):
     def check(cls, config: AgentTuneConfig) -> None:
         local = local_options(config)
         missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
-        if (local.lora_rank > 0 or config.policies.enabled) and importlib.util.find_spec("peft") is None:
+        if trains_adapters(config) and importlib.util.find_spec("peft") is None:
             missing.append("peft")
         if config.monitor.tensorboard and importlib.util.find_spec("tensorboard") is None:
             missing.append("tensorboard")

@@ -24,7 +24,7 @@ from agenttune.backbones.local.async_rollouts import GroupPipeline, staleness_me
 from agenttune.backbones.local.dynamic_sampling import fill_batch, is_informative
 from agenttune.backbones.local.logprobs import pad_token_id
 from agenttune.backbones.local.monitor import Trackers
-from agenttune.backbones.local.options import local_options
+from agenttune.backbones.local.options import local_options, trains_adapters
 from agenttune.backbones.local.policies import PolicyTrainers
 from agenttune.backbones.local.policy import (
     Policy,
@@ -437,7 +437,7 @@ def _save(run: Run, setup: Setup, step: int) -> None:
     config, local = run.config, local_options(run.config)
     state = checkpoints.CheckpointState(
         step=step, task_order=setup.order.state_dict(), base_model=resolve_model_path(config.model.path),
-        lora=local.lora_rank > 0 or config.policies.enabled,
+        lora=trains_adapters(config),
     )
     if config.policies.enabled:  # `agenttune export --policy NAME` finds each adapter by it
         state.extra["policies"] = list(config.policies.adapters)

@@ -81,3 +81,8 @@ class LocalOptions(Section):
 def local_options(config: AgentTuneConfig) -> LocalOptions:
     """The config's `local:` section (its defaults when the config was built without the local backbone)."""
     return config.section("local", LocalOptions)
+
+
+def trains_adapters(config: AgentTuneConfig) -> bool:
+    """Whether the policy is a peft model: a LoRA adapter (`local.lora_rank`) or one per policy (`policies:`)."""
+    return local_options(config).lora_rank > 0 or config.policies.enabled

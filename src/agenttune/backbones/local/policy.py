@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
-from agenttune.backbones.local.options import local_options
+from agenttune.backbones.local.options import local_options, trains_adapters
 from agenttune.components.engines.model_loading import resolve_model_path, torch_dtype
 from agenttune.config.models import AgentTuneConfig
 from agenttune.config.run import get_logger
@@ -56,8 +56,7 @@ def load_policy(config: AgentTuneConfig, device: torch.device, *, checkpoint: Pa
 
     `checkpoint` is a checkpoint's `model/` directory: full weights, or a LoRA adapter on the base model.
     """
-    local = local_options(config)
-    lora = local.lora_rank > 0 or config.policies.enabled
+    lora = trains_adapters(config)
     weights = str(checkpoint) if checkpoint is not None and not lora else resolve_model_path(config.model.path)
     base = load_pretrained(weights, config, device)
     model: Policy = _with_lora(base, config, adapter=checkpoint) if lora else base
@@ -137,7 +136,7 @@ def reference_scope(config: AgentTuneConfig, policy: Policy, device: torch.devic
     """
     if config.algorithm.kl_coef <= 0:
         return None
-    if local_options(config).lora_rank > 0 or config.policies.enabled:
+    if trains_adapters(config):
         from peft import PeftModel
 
         assert isinstance(policy, PeftModel)  # load_policy wrapped it (lora_rank > 0)
