@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from agenttune.entrypoints.cli.main import main as cli_main
     from agenttune.entrypoints.python_api import Trainer, with_changes
     from agenttune.entrypoints.serve import serve
+    from agenttune.entrypoints.services import ServiceProcess, exported_variable
     from agenttune.entrypoints.train import train_from_config
     from agenttune.errors import UserError
     from agenttune.gateway import Gateway
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from agenttune.rollout.framework_loader import FrameworkLoader
     from agenttune.rollout.log import RolloutLog, TokenText, read_records, to_record
     from agenttune.rollout.metrics import MetricsLog, step_metrics
+    from agenttune.rollout.process_tree import keep_after_run
     from agenttune.rollout.rollout_engine import RolloutEngine
     from agenttune.rollout.session import RolloutSession, rollout_session
     from agenttune.web.http_retry import RetryPolicy, send_with_retries

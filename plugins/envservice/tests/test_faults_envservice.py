@@ -23,8 +23,8 @@ import pytest
 from agenttune_envservice import env_for
 from conftest import EnvServer, free_port, server_command, wait_healthy
 
-from agenttune import JudgeResult, process_tree
-from agenttune.plugin_api import load_config, train_from_config
+from agenttune import JudgeResult
+from agenttune.plugin_api import keep_after_run, load_config, train_from_config
 from agenttune.testing.faults import (
     JOURNAL,
     FaultPlan,
@@ -123,7 +123,7 @@ def server_on(tmp_path: Path) -> Iterator[Callable[[int], EnvServer]]:
         with log.open("wb") as output:
             process = subprocess.Popen(server_command(port, "--fail-every", "10", "--tasks", "8"), stdout=output,
                                        stderr=subprocess.STDOUT)
-        process_tree.keep_after_run(process.pid)  # restarted during the run; this fixture stops it
+        keep_after_run(process.pid)  # restarted during the run; this fixture stops it
         servers.append(EnvServer(f"http://127.0.0.1:{port}", process, log))
         wait_healthy(servers[-1].url, process, log)
         return servers[-1]

@@ -123,8 +123,12 @@ PLUGIN_API: dict[str, tuple[str, str]] = {
     "rejection_mask": ("agenttune.backbones.local.rollout_correction", "rejection_mask"),
     # DAPO's overlong reward shaping (algorithm.overlong_shaping), which a backbone applies to its rewards.
     "OverlongShapingOptions": ("agenttune.config.objective_options", "OverlongShapingOptions"),
-    # Talking to services.
+    # Talking to services; running one's server beside the run.
     "RetryPolicy": ("agenttune.web.http_retry", "RetryPolicy"),
+    "ServiceProcess": ("agenttune.entrypoints.services", "ServiceProcess"),
+    "exported_variable": ("agenttune.entrypoints.services", "exported_variable"),
+    # A service started during an in-process run, on purpose, that must outlive it.
+    "keep_after_run": ("agenttune.rollout.process_tree", "keep_after_run"),
     "send_with_retries": ("agenttune.web.http_retry", "send_with_retries"),
 }
 

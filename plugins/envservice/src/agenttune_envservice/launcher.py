@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenttune.plugin_api import UserError, get_logger
+from agenttune.plugin_api import ServiceProcess, UserError, exported_variable, get_logger
 from agenttune_envservice.client import note_server_exit, note_server_launched, note_server_stopped
 from agenttune_envservice.reader import DEFAULT_URL, URL_VARIABLE
 
@@ -70,10 +68,13 @@ class ServerProcess:
         self.section = section
         self.url = section.url.rstrip("/")
         self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child = ServiceProcess("EnvService", log_path)
         self.exit_code: int | None = None  # set when it exited while it should have been running
         self._stopping = False
-        self._log_file: IO[bytes] | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
 
     def start(self) -> None:
         if healthy(self.url):
@@ -84,17 +85,9 @@ class ServerProcess:
         argv = self.section.argv
         if not argv:
             raise UserError("env_service.command is empty.", hint="Give the command that starts the server.")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = self.log_path.open("ab")
-        try:
-            self.process = subprocess.Popen(
-                argv, cwd=self.section.cwd, env={**os.environ, **self.section.env}, stdin=subprocess.DEVNULL,
-                stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as error:
-            self._log_file.close()
-            raise UserError(f"Cannot start the EnvService server {argv[0]!r}: {error}.",
-                            hint="Check env_service.command and env_service.cwd.") from error
-        log.info("starting the EnvService server", command=argv, pid=self.process.pid, log=str(self.log_path))
+        process = self.child.launch(argv, cwd=self.section.cwd, env={**os.environ, **self.section.env},
+                                    hint="Check env_service.command and env_service.cwd.")
+        log.info("starting the EnvService server", command=argv, pid=process.pid, log=str(self.log_path))
         self._wait_until_healthy()
         note_server_launched(self.url)
         threading.Thread(target=self._watch, daemon=True, name="agenttune-envservice-watchdog").start()
@@ -133,27 +126,14 @@ class ServerProcess:
     def stop(self) -> None:
         """Stop the server's whole process group: SIGTERM, then SIGKILL after stop_timeout."""
         self._stopping = True
-        process = self.process
-        if process is not None and process.poll() is None:
-            _signal_group(process, signal.SIGTERM)
-            try:
-                process.wait(timeout=self.section.stop_timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
+        self.child.stop(self.section.stop_timeout)
         note_server_stopped(self.url)
-        if self._log_file is not None:
-            self._log_file.close()
         if self.exit_code is not None:
             log.error("the EnvService server had died during the run; episodes after that failed",
                       exit_code=self.exit_code, log=str(self.log_path))
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no output)"
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+        return self.child.log_tail(lines)
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
@@ -163,30 +143,10 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)  # start_new_session made the server its group's leader
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@contextmanager
-def exported_url(url: str) -> Iterator[None]:
-    previous = os.environ.get(URL_VARIABLE)
-    os.environ[URL_VARIABLE] = url.rstrip("/")
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(URL_VARIABLE, None)
-        else:
-            os.environ[URL_VARIABLE] = previous
-
-
 @contextmanager
 def env_service_for_run(section: EnvServiceSection, run_dir: Path) -> Iterator[ServerProcess | None]:
     """The run's EnvService: launched (and stopped) when `command` is set; its URL exported either way."""
-    with exported_url(section.url):
+    with exported_variable(URL_VARIABLE, section.url.rstrip("/")):
         if not section.command:
             yield None
             return

@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import IO
 
 import httpx
 
-from agenttune.plugin_api import UserError, get_logger
+from agenttune.plugin_api import ServiceProcess, UserError, exported_variable, get_logger
 from agenttune_openenv.section import OpenEnvSection
 from agenttune_openenv.session import URL_VARIABLE, note_server_event
 
@@ -71,11 +69,14 @@ class ServerProcess:
         self.port = section.port or free_port()
         self.url = (section.url or f"http://127.0.0.1:{self.port}").rstrip("/")
         self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child = ServiceProcess("OpenEnv", log_path)
         self.deaths: list[int] = []  # exit codes of the deaths during the run
         self.restarts = 0
         self._stopping = threading.Event()
-        self._log_file: IO[bytes] | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process
 
     @property
     def argv(self) -> list[str]:
@@ -93,8 +94,6 @@ class ServerProcess:
                 f"Something already answers at {self.url}/health, so agenttune will not start the OpenEnv "
                 "server (openenv.app / openenv.command) a second time.",
                 hint="Stop the running server, or remove openenv.app / openenv.command to use it as it is.")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = self.log_path.open("ab")
         self._launch()
         self._wait_until_healthy()
         threading.Thread(target=self._watch, daemon=True, name="agenttune-openenv-watchdog").start()
@@ -102,14 +101,9 @@ class ServerProcess:
 
     def _launch(self) -> None:
         argv = self.argv
-        try:
-            self.process = subprocess.Popen(
-                argv, cwd=self.section.cwd, env=self._environment(),
-                stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as error:
-            raise UserError(f"Cannot start the OpenEnv server {argv[0]!r}: {error}.",
-                            hint="Check openenv.command and openenv.cwd.") from error
-        log.info("starting the OpenEnv server", command=argv, pid=self.process.pid)
+        process = self.child.launch(argv, cwd=self.section.cwd, env=self._environment(),
+                                    hint="Check openenv.command and openenv.cwd.")
+        log.info("starting the OpenEnv server", command=argv, pid=process.pid)
 
     def _environment(self) -> dict[str, str]:
         environment = {**os.environ, **self.section.env, "PYTHONUNBUFFERED": "1"}
@@ -176,47 +170,18 @@ class ServerProcess:
     def stop(self) -> None:
         """Stop the server's whole process group: SIGTERM, then SIGKILL after stop_timeout."""
         self._stopping.set()
-        process = self.process
-        if process is not None and process.poll() is None:
-            _signal_group(process, signal.SIGTERM)
-            try:
-                process.wait(timeout=self.section.stop_timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
+        self.child.stop(self.section.stop_timeout)
         note_server_event(self.url, None)
-        if self._log_file is not None:
-            self._log_file.close()
         if self.deaths:
             log.warning("the OpenEnv server had died during the run", deaths=len(self.deaths),
                         restarts=self.restarts, log=str(self.log_path))
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no output)"
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+        return self.child.log_tail(lines)
 
 
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)  # start_new_session made the server its group's leader
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@contextmanager
-def exported_url(url: str) -> Iterator[None]:
-    previous = os.environ.get(URL_VARIABLE)
-    os.environ[URL_VARIABLE] = url.rstrip("/")
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(URL_VARIABLE, None)
-        else:
-            os.environ[URL_VARIABLE] = previous
+def exported_url(url: str) -> AbstractContextManager[None]:
+    return exported_variable(URL_VARIABLE, url.rstrip("/"))
 
 
 @contextmanager
