@@ -21,9 +21,9 @@ def test_the_command_serves_the_sdk_and_stops_on_ctrl_c(tmp_path):
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         base_url = _base_url(process)
-        service = tinker.ServiceClient(base_url=base_url, api_key="tml-cli-test")
-        client = service.create_lora_training_client(base_model="tiny://default", rank=2).result()
-        saved = client.save_state("from-the-cli").result()
+        with tinker.ServiceClient(base_url=base_url, api_key="tml-cli-test") as service:  # closed before the server
+            client = service.create_lora_training_client(base_model="tiny://default", rank=2).result()
+            saved = client.save_state("from-the-cli").result()
         assert saved.path.endswith("/weights/from-the-cli")
         assert (tmp_path / "state").is_dir()
     finally:

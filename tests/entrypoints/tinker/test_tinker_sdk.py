@@ -184,8 +184,8 @@ def test_finishing_a_session_unloads_its_training_clients(server):
     clients = [service.create_lora_training_client(base_model=MODEL, rank=2).result() for _ in range(2)]
     assert all(client.model_id in state.trainer.runs for client in clients)
     service.close("success").result()
-    service_after = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)  # its requests queue behind the unload
-    service_after.create_lora_training_client(base_model=MODEL, rank=2).result()
+    with tinker.ServiceClient(base_url=base_url, api_key=API_KEY) as service_after:  # queued behind the unload
+        service_after.create_lora_training_client(base_model=MODEL, rank=2).result()
     assert not any(client.model_id in state.trainer.runs for client in clients)
 
 
@@ -227,8 +227,7 @@ def test_checkpoints_survive_a_restart(tmp_path, tokenizer, start_server):
         sampler_path = client.save_weights_for_sampler("before-restart").result().path
         before = logprobs_of(client, batch)[0]
         service.close("success").result()
-    with start_server(tmp_path) as (base_url, _):
-        service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
+    with start_server(tmp_path) as (base_url, _), tinker.ServiceClient(base_url=base_url, api_key=API_KEY) as service:
         resumed = service.create_training_client_from_state(state_path).result()
         np.testing.assert_array_equal(logprobs_of(resumed, batch)[0], before)
         sampler = service.create_sampling_client(model_path=sampler_path).result()
@@ -273,8 +272,8 @@ def test_training_runs_and_checkpoints_are_listed_also_after_a_restart(tmp_path,
 
 
 def test_the_sdk_polls_through_408_try_again(tmp_path, tokenizer, start_server):
-    with start_server(tmp_path, poll_s=0.0005) as (base_url, _):  # pending requests answer 408 at once
-        service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
+    with (start_server(tmp_path, poll_s=0.0005) as (base_url, _),  # pending requests answer 408 at once
+          tinker.ServiceClient(base_url=base_url, api_key=API_KEY) as service):
         client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=6).result()
         result = client.forward_backward([datum(tokenizer)], "cross_entropy").result()
         assert result.metrics["loss:sum"] > 0
@@ -358,8 +357,8 @@ def test_a_bad_api_key_is_refused(server, tmp_path, start_server):
     with start_server(tmp_path, api_key="tml-the-one-key") as (url, _):
         reply = httpx.get(url + "/api/v1/healthz", headers={"X-API-Key": API_KEY})
         assert reply.status_code == 401
-        stranger = tinker.ServiceClient(base_url=url, api_key="tml-another-key")
-        with pytest.raises(tinker.AuthenticationError, match="not this server's"):
+        with (tinker.ServiceClient(base_url=url, api_key="tml-another-key") as stranger,
+              pytest.raises(tinker.AuthenticationError, match="not this server's")):
             stranger.create_lora_training_client(base_model=MODEL, rank=4).result()
         assert httpx.get(url + "/api/v1/healthz", headers={"X-API-Key": "tml-the-one-key"}).json() == {"status": "ok"}
 
