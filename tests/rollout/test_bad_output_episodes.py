@@ -162,7 +162,10 @@ async def test_garbage_is_answered_and_the_episode_judged_or_marked(name, transp
     engine = ScriptedEngine([case.first, FINAL], tokenizer=TOKENIZER)
     config = tiny_config(model={"max_model_len": 2048},
                          rollout={"num_repeat": 1, "max_response_length_in_one_turn": 64,
-                                  "agent_madness_reward": PENALTY, "episode_timeout": 30})
+                                  "agent_madness_reward": PENALTY, "episode_timeout": 30},
+                         # the judge's isolation is not what these cases are about (test_judge_isolation.py is);
+                         # starting its worker processes took ~10 of each case's ~12 s
+                         judge={"isolation": "thread"})
     task = Task(task_id="t", query="2 + 2", metadata={"http": "http" in transport, "stream": "streaming" in transport})
     async with running_gateway(engine, config=config) as gateway:
         async with RolloutEngine(config, gateway, CalcAgent, AnswerJudge()) as rollout:
