@@ -14,6 +14,10 @@ with a calculator tool, judged by basic_arithmetic's own score_answer. The warm-
 all right but only 30% use the calculator, so the warmed-up model mostly answers from "memory" (wrong);
 RL has to find that the calculator pays.
 
+verifiers: the verifiers 0.4 environment of examples/verifiers_env (`word-echo`: "Say WORD", rewarded for
+saying it exactly) on 2,000 made-up training words and 200 held-out ones. The warm-up's replies all copy the
+word, but only 30% say just the word ("Sure: WORD" otherwise); RL has to find that the plain word pays.
+
 JSON: {"results": {name: {"initial_accuracy", "final_accuracy", "steps", "seconds_per_step",
 "wall_seconds"} or {"error"}}, "machine": {...}}
 """
@@ -24,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,10 +106,58 @@ def write_demos(conf: Path, out: Path, seed: int = 3) -> None:
             file.write(json.dumps(demonstration(chunk, use_tool=use_tool)) + "\n")
 
 
+# -- verifiers ------------------------------------------------------------------------------------------------
+VF_EXAMPLE = EXAMPLES / "verifiers_env"
+VF_TRAIN_WORDS, VF_TEST_WORDS, VF_DEMO_CONVERSATIONS, VF_WORDS_PER_CONVERSATION, VF_PLAIN_FRACTION = 2000, 200, 3200, 6, 0.3
+
+
+def verifiers(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """word-echo on made-up words; the held-out ones are in neither the training split nor the warm-up."""
+    import yaml
+
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy(VF_EXAMPLE / "word_echo.py", work)  # the environment beside its YAML, as in the example
+    demos = work / "demos.jsonl"
+    write_echo_demos(demos, first_word=VF_TRAIN_WORDS + VF_TEST_WORDS)
+    conf = yaml.safe_load((VF_EXAMPLE / "verifiers_env.yaml").read_text(encoding="utf-8"))
+    conf["task_reader"].update(
+        args={"made_up": True, "num_tasks": VF_TRAIN_WORDS},
+        split_args={"test": {"made_up": True, "offset": VF_TRAIN_WORDS, "num_tasks": VF_TEST_WORDS}})
+    conf.update(  # the quickstart's GRPO and warm-up settings
+        rollout={"num_repeat": 8, "max_env_worker": 64, "temperature": 1.0, "val_temperature": 0.0,
+                 "max_response_length_in_one_turn": 16},
+        data={"train_batch_size": 16, "val_batch_size": VF_TEST_WORDS},
+        trainer={"learning_rate": 1.0e-4, "save_freq": 0, "seed": 1},
+        local={"device": "cpu", "plot": False,
+               "warmup": {"data": str(demos), "steps": 400, "batch_size": 8, "learning_rate": 1.0e-3}})
+    conf.pop("debug", None)
+    (work / "word_echo.yaml").write_text(yaml.safe_dump(conf, sort_keys=False), encoding="utf-8")
+    return train_local(work / "word_echo.yaml", work / "run", args.steps, [])
+
+
+def write_echo_demos(out: Path, first_word: int, seed: int = 5) -> None:
+    """Conversations of `Say WORD` requests, all answered with the word, but only 30% plainly: the others
+    say `Sure: WORD`, which the environment's `exact` reward refuses (its `overlap` pays half). The warmed-up
+    model copies words well and mostly adds the "Sure: "; RL has to find that the plain word is what pays."""
+    sys.path.insert(0, str(VF_EXAMPLE))
+    from word_echo import made_up_words
+
+    words = made_up_words(first_word + VF_DEMO_CONVERSATIONS * VF_WORDS_PER_CONVERSATION)[first_word:]
+    rng = random.Random(seed)
+    with out.open("w", encoding="utf-8") as file:
+        for start in range(0, len(words), VF_WORDS_PER_CONVERSATION):
+            messages = []
+            for word in words[start:start + VF_WORDS_PER_CONVERSATION]:
+                reply = word if rng.random() < VF_PLAIN_FRACTION else f"Sure: {word}"
+                messages += [{"role": "user", "content": f"Say {word}"}, {"role": "assistant", "content": reply}]
+            file.write(json.dumps({"messages": messages}) + "\n")
+
+
 # -- the table -------------------------------------------------------------------------------------------------
 # name -> function(work_dir, args) -> result. Add an environment by adding an entry.
 ENVIRONMENTS: dict[str, Callable[[Path, argparse.Namespace], dict[str, Any]]] = {
     "reasoning_gym": reasoning_gym,
+    "verifiers": verifiers,
 }
 
 

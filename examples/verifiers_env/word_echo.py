@@ -7,6 +7,8 @@ Installed environments are imported by their id (`word-echo` -> module `word_ech
 next to the YAML, which agenttune puts on sys.path.
 """
 
+import random
+import string
 from difflib import SequenceMatcher
 
 import verifiers.v1 as vf
@@ -18,6 +20,15 @@ WORDS = ["apple", "river", "stone", "cloud", "amber", "frost", "maple", "ocean",
 class WordEchoConfig(vf.TasksetConfig):
     num_tasks: int = 16
     offset: int = 0  # the held-out split starts elsewhere in the list
+    made_up: bool = False  # made-up five-letter words, as many as asked (bench/environments.py), instead of WORDS
+
+
+def made_up_words(count: int) -> list[str]:
+    """The first `count` of a fixed sequence of different made-up five-letter words."""
+    rng, words = random.Random(0), dict[str, None]()
+    while len(words) < count:
+        words["".join(rng.choices(string.ascii_lowercase, k=5))] = None
+    return list(words)
 
 
 class WordData(vf.TaskData):
@@ -41,8 +52,9 @@ class WordTask(vf.Task[WordData, vf.State, vf.TaskConfig]):
 
 class WordEchoTaskset(vf.Taskset[WordTask, WordEchoConfig]):
     def load(self):
+        words = made_up_words(self.config.offset + self.config.num_tasks) if self.config.made_up else WORDS
         for i in range(self.config.num_tasks):
-            word = WORDS[(i + self.config.offset) % len(WORDS)]
+            word = words[(i + self.config.offset) % len(words)]
             yield WordTask(WordData(id=f"word-{i + self.config.offset}", prompt=f"Say {word}", answer=word),
                            self.config.task)
 
