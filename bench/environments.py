@@ -15,7 +15,7 @@ all right but only 30% use the calculator, so the warmed-up model mostly answers
 RL has to find that the calculator pays.
 
 verifiers: the verifiers 0.4 environment of examples/verifiers_env (`word-echo`: "Say WORD", rewarded for
-saying it exactly) on 2,000 made-up training words and 200 held-out ones. The warm-up's replies all copy the
+saying it exactly) on 2,000 made-up training words and 100 held-out ones. The warm-up's replies all copy the
 word, but only 30% say just the word ("Sure: WORD" otherwise); RL has to find that the plain word pays.
 
 JSON: {"results": {name: {"initial_accuracy", "final_accuracy", "steps", "seconds_per_step",
@@ -108,7 +108,7 @@ def write_demos(conf: Path, out: Path, seed: int = 3) -> None:
 
 # -- verifiers ------------------------------------------------------------------------------------------------
 VF_EXAMPLE = EXAMPLES / "verifiers_env"
-VF_TRAIN_WORDS, VF_TEST_WORDS, VF_DEMO_CONVERSATIONS, VF_WORDS_PER_CONVERSATION, VF_PLAIN_FRACTION = 2000, 200, 3200, 6, 0.3
+VF_TRAIN_WORDS, VF_TEST_WORDS, VF_DEMO_CONVERSATIONS, VF_WORDS_PER_CONVERSATION, VF_PLAIN_FRACTION = 2000, 100, 8000, 6, 0.3
 
 
 def verifiers(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,13 +123,14 @@ def verifiers(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     conf["task_reader"].update(
         args={"made_up": True, "num_tasks": VF_TRAIN_WORDS},
         split_args={"test": {"made_up": True, "offset": VF_TRAIN_WORDS, "num_tasks": VF_TEST_WORDS}})
-    conf.update(  # the quickstart's GRPO and warm-up settings
+    conf.update(  # the quickstart's GRPO settings, with half its tasks a step (an episode is a process: see the docs)
         rollout={"num_repeat": 8, "max_env_worker": 64, "temperature": 1.0, "val_temperature": 0.0,
                  "max_response_length_in_one_turn": 16},
-        data={"train_batch_size": 16, "val_batch_size": VF_TEST_WORDS},
+        data={"train_batch_size": 8, "val_batch_size": VF_TEST_WORDS},
         trainer={"learning_rate": 1.0e-4, "save_freq": 0, "seed": 1},
         local={"device": "cpu", "plot": False,
-               "warmup": {"data": str(demos), "steps": 400, "batch_size": 8, "learning_rate": 1.0e-3}})
+               # 1,000 steps: after 400 the copies were often a letter off (docs/performance.md)
+               "warmup": {"data": str(demos), "steps": 1000, "batch_size": 8, "learning_rate": 1.0e-3}})
     conf.pop("debug", None)
     (work / "word_echo.yaml").write_text(yaml.safe_dump(conf, sort_keys=False), encoding="utf-8")
     return train_local(work / "word_echo.yaml", work / "run", args.steps, [])
