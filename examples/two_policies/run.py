@@ -3,9 +3,11 @@
     python examples/two_policies/run.py                   # two policies: a solver and a checker adapter
     python examples/two_policies/run.py --one-policy      # the same run with one adapter shared by both agents
 
-1. writes the quickstart's problems and warm-up demonstrations into examples/two_policies/data/;
+1. writes the quickstart's problems and warm-up demonstrations into examples/two_policies/data/, and
+   as many again in the checker's format (team.py's `checker_demonstration`);
 2. warms up tiny://default once with the quickstart's supervised warm-up (its settings, from
-   quickstart.yaml) and saves it as data/warm-model: the base model both adapters sit on (a run with
+   quickstart.yaml, for WARMUP_STEPS steps: the solver's format as often as in the quickstart, the
+   checker's as well) and saves it as data/warm-model: the base model both adapters sit on (a run with
    several policies trains adapters only, so the warm-up is done before it, not inside it);
 3. runs `agenttune train --conf examples/two_policies/two_policies.yaml` and prints held-out accuracy
    (greedy, 200 problems: the checker's final answer) before and after RL.
@@ -17,6 +19,8 @@ arguments go to `agenttune train`, e.g. `--backbone debug`, `--run-dir runs/tp t
 from __future__ import annotations
 
 import importlib.util
+import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -24,6 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 QUICKSTART = HERE.parent / "quickstart"
 DATA = HERE / "data"
+# Twice the quickstart's 400 steps: the demonstrations are half the solver's, half the checker's.
+WARMUP_STEPS = 800
 # --one-policy: both agents mapped to one adapter with the same settings as each of the two. (A config
 # file, not overrides: an override's mapping merges into the file's, which would keep both adapters.)
 ONE_POLICY = {"adapters": {"team": {"rank": 32, "alpha": 64, "learning_rate": 1.0e-3}},
@@ -54,7 +60,7 @@ def warmed_up_model(out: Path, data: Path, *, steps: int | None = None) -> Path:
 
     config = yaml.safe_load((QUICKSTART / "quickstart.yaml").read_text(encoding="utf-8"))
     warmup, seed = config["local"]["warmup"], config["trainer"]["seed"]
-    steps = warmup["steps"] if steps is None else steps
+    steps = WARMUP_STEPS if steps is None else steps
     path = resolve_model_path(config["model"]["path"])
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -73,8 +79,26 @@ def prepare(data: Path = DATA, *, conversations: int | None = None, warmup_steps
     """The data files and the warmed-up base model; returns the model's directory."""
     quickstart = quickstart_module("run")
     if not (data / "demos.jsonl").exists():
-        quickstart.write_data(data, **({} if conversations is None else {"conversations": conversations}))
+        conversations = quickstart.DEMO_CONVERSATIONS if conversations is None else conversations
+        quickstart.write_data(data, conversations=conversations)
+        add_checker_demos(data / "demos.jsonl", quickstart, conversations)
     return warmed_up_model(data / "warm-model", data, steps=warmup_steps)
+
+
+def add_checker_demos(demos: Path, quickstart, conversations: int, seed: int = 10) -> None:
+    """As many conversations again in the checker's format, on new problems (none held out), after the
+    solver's: the warm-up samples its batches from the whole file."""
+    sys.path.insert(0, str(HERE))
+    from team import checker_demonstration
+
+    held_out = {json.loads(line)["expression"] for line in (demos.parent / "validation.jsonl").open(encoding="utf-8")}
+    per = quickstart.PROBLEMS_PER_CONVERSATION
+    problems = quickstart.make_tasks(conversations * per, seed=seed, exclude=held_out)
+    rng = random.Random(seed)
+    with demos.open("a", encoding="utf-8") as file:
+        for start in range(0, len(problems), per):
+            demo = checker_demonstration(problems[start:start + per], rng, tool_fraction=quickstart.TOOL_FRACTION)
+            file.write(json.dumps(demo) + "\n")
 
 
 def one_policy_config() -> Path:

@@ -11,13 +11,21 @@ YAML's `policies.agents` maps those names to policies. The team is judged on bot
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
+from typing import Any
 
 # The quickstart's task, calculator and agent loop, shared rather than copied.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quickstart"))
 
-from arithmetic import SYSTEM_PROMPT, parse_final_answer  # noqa: E402
+from arithmetic import (  # noqa: E402
+    CALCULATOR_TOOL,
+    SYSTEM_PROMPT,
+    calculate,
+    final_answer_text,
+    parse_final_answer,
+)
 from calculator_agent import converse  # noqa: E402
 
 from agenttune import Judge, JudgeInput, JudgeResult, Workflow, WorkflowOutput  # noqa: E402
@@ -28,6 +36,36 @@ CHECKER_PROMPT = "Check the proposed answer to the arithmetic problem. You may u
 def checker_question(query: str, proposed: int | None) -> str:
     proposal = "no answer" if proposed is None else f"The answer is {proposed}."
     return f"{query} Proposed: {proposal}"
+
+
+def wrong_answer(value: int, rng: random.Random) -> int:
+    """A plausible wrong product: one digit of `value` changed (the same length, so not told by its shape)."""
+    digits = list(str(value))
+    at = rng.randrange(1, len(digits))  # never the leading digit: the length stays
+    digits[at] = rng.choice([digit for digit in "0123456789" if digit != digits[at]])
+    return int("".join(digits))
+
+
+def checker_demonstration(rows: list[dict[str, Any]], rng: random.Random, *, tool_fraction: float,
+                          right_fraction: float = 0.5) -> dict[str, Any]:
+    """One warm-up conversation in the checker's format: problems with a proposal, right or one digit off,
+    each answered with the correct value, by calling the calculator (`tool_fraction` of them) or straight
+    away. Straight away is a copy of the proposal when it is right, and a value the tiny model cannot
+    produce when it is not: as in the quickstart's demonstrations, imitation teaches the format and RL
+    has to find when the calculator pays. Without these the warmed-up model answers the checker's prompt,
+    which it has never seen, with garbage (`8888.`)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": CHECKER_PROMPT}]
+    for index, row in enumerate(rows):
+        value = int(row["ground_truth"])
+        proposed = value if rng.random() < right_fraction else wrong_answer(value, rng)
+        messages.append({"role": "user", "content": checker_question(row["query"], proposed)})
+        if rng.random() < tool_fraction:
+            call = {"id": f"call_{index}", "type": "function",
+                    "function": {"name": "calculator", "arguments": {"expression": row["expression"]}}}
+            messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": f"call_{index}", "content": calculate(row["expression"])}]
+        messages.append({"role": "assistant", "content": final_answer_text(value)})
+    return {"messages": messages, "tools": [CALCULATOR_TOOL]}
 
 
 class SolverAndChecker(Workflow):
@@ -45,8 +83,9 @@ class SolverAndChecker(Workflow):
 
 
 class TeamJudge(Judge):
-    """Reward: the share of the two answers that are right (0, 0.5 or 1), one team reward for both agents.
-    Success (the held-out accuracy): the checker's answer, the team's final one, is right."""
+    """Reward: the share of the two answers that are right (0, 0.5 or 1), one team reward for both agents;
+    each agent's own (its answer right) for `policies.reward: per_agent`. Success (the held-out accuracy):
+    the checker's answer, the team's final one, is right."""
 
     name = "team_arithmetic"
 
@@ -56,4 +95,5 @@ class TeamJudge(Judge):
         final = judge_input.final_answer
         solver_right, checker_right = proposed == expected, final is not None and int(final) == expected
         return JudgeResult(reward=(solver_right + checker_right) / 2, success=checker_right,
+                           agent_rewards={"solver": float(solver_right), "checker": float(checker_right)},
                            details={"proposed": proposed, "final": final, "expected": expected})

@@ -7,7 +7,7 @@ adapter only. Empty `adapters` (the default): one policy, exactly as without thi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -42,6 +42,10 @@ class PoliciesConfig(Section):
     agents: dict[str, str] = Field(
         default_factory=dict, description="Agent name (the gateway key's `agent`; `default` for calls without one) "
                                           "-> policy name.")
+    reward: Literal["team", "per_agent"] = Field(
+        default="team", description="What each policy trains on: `team`, the episode's reward for every policy; "
+                                    "`per_agent`, the mean of its own agents' rewards (the judge's "
+                                    "`JudgeResult.agent_rewards`; the team's where the judge gave none).")
     default_policy: str | None = Field(
         default=None, description="The policy of agents `agents` does not name; none: such agents sample from the "
                                   "base model (no adapter) and are never trained. Either way they are counted "

@@ -334,6 +334,7 @@ class RolloutEngine:
             episode.metrics["judge_s"] = time.perf_counter() - started
         episode.reward, episode.success = result.reward, result.success
         episode.turn_rewards = _turn_rewards(result, episode, type(self.judge))
+        episode.agent_rewards = _agent_rewards(result, type(self.judge))
         episode.judge_details = result.details
         if output.reward is not None:
             episode.judge_details = {**result.details, "workflow_reward": output.reward}
@@ -410,6 +411,15 @@ def _turn_rewards(result: JudgeResult, episode: Episode, judge_cls: type) -> lis
                              f"{judge_cls.__qualname__}.judge returned {len(turns)} turn_rewards for an episode of "
                              f"{episode.num_calls} model calls (they must be finite, one per call, in order)")
     return list(turns)
+
+
+def _agent_rewards(result: JudgeResult, judge_cls: type) -> dict[str, float] | None:
+    """The judge's per-agent rewards, all finite (a non-finite one is the judge's error)."""
+    rewards = result.agent_rewards
+    if rewards is not None and not all(math.isfinite(value) for value in rewards.values()):
+        raise EpisodeFailure(EpisodeStatus.JUDGE_ERROR,
+                             f"{judge_cls.__qualname__}.judge returned a non-finite agent reward ({rewards})")
+    return None if rewards is None else dict(rewards)
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:

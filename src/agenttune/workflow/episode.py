@@ -228,6 +228,9 @@ class Episode(BaseModel):
     turn_rewards: list[float] | None = Field(
         default=None, description="The judge's reward for each model call, in the order of the calls (samples in "
                                   "order, each sample's calls in order); None: the judge gave only the episode's.")
+    agent_rewards: dict[str, float] | None = Field(
+        default=None, description="The judge's reward for each agent (agent name -> reward), for `policies.reward: "
+                                  "per_agent`; None: the judge gave only the team's.")
     success: bool = False
     samples: list[Sample] = Field(default_factory=list)
     messages: list[dict[str, Any]] = Field(default_factory=list, description="The conversation, in order.")

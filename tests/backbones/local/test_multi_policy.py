@@ -37,6 +37,15 @@ class LengthJudge(Judge):
     def judge(self, judge_input):
         text = judge_input.final_answer or ""
         return JudgeResult(reward=float(len(text) % 3), success=len(text) % 3 == 2)
+
+
+class AgentJudge(LengthJudge):
+    """The team's reward, and each agent's: the checker's always 5 (policies.reward: per_agent)."""
+
+    def judge(self, judge_input):
+        result = super().judge(judge_input)
+        result.agent_rewards = {"proposer": float(len(judge_input.final_answer or "") % 2), "checker": 5.0}
+        return result
 '''
 
 
@@ -163,3 +172,41 @@ def test_asynchronous_modes_workflow_processes_and_lora_rank_are_refused_with_po
         train(conf, tmp_path / "processes", "rollout.workflow_processes=2")
     with pytest.raises(UserError, match="local.lora_rank"):
         train(conf, tmp_path / "lora", "local.lora_rank=4")
+
+
+@pytest.mark.slow
+def test_per_agent_rewards_train_each_policy_on_its_own_agents_reward(tmp_path):
+    conf = write_run_files(tmp_path, {**TWO_POLICIES, "reward": "per_agent"},
+                           judge={"judge_protocol": "team_workflow:AgentJudge"})
+    run_dir = tmp_path / "run"
+    train(conf, run_dir, "trainer.total_steps=1", "trainer.save_freq=0")
+    (record,) = read_metrics(run_dir)
+    assert record["policy/checker/reward/mean"] == 5.0
+    assert record["policy/proposer/reward/mean"] <= 1.0  # its own agent's (0 or 1), not the team's (0-2)
+    assert record["policies/episodes_without_agent_rewards"] == 0
+
+
+def test_policy_rewards_are_the_teams_or_the_mean_of_their_own_agents():
+    from agenttune.backbones.local.policies import policy_reward, samples_of
+    from agenttune.config.policies import PoliciesConfig
+    from agenttune.workflow.episode import Episode, Sample
+    from agenttune.workflow.task import Task
+
+    def sample(agent: str) -> Sample:
+        return Sample(agent=agent, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[-0.5])
+
+    episode = Episode(episode_id="e", task=Task(task_id="t", query="q"), group_id="g", reward=0.5,
+                      samples=[sample("solver"), sample("checker"), sample("critic")],
+                      agent_rewards={"solver": 1.0, "checker": 0.0, "critic": 0.5})
+    adapters = {"solver": {}, "judges": {}}
+    agents = {"solver": "solver", "checker": "judges", "critic": "judges"}
+    team = PoliciesConfig(adapters=adapters, agents=agents)
+    per_agent = PoliciesConfig(adapters=adapters, agents=agents, reward="per_agent")
+
+    assert [policy_reward(episode, team, name) for name in ("solver", "judges")] == [0.5, 0.5]
+    assert [policy_reward(episode, per_agent, name) for name in ("solver", "judges")] == [1.0, 0.25]
+    judges = samples_of([episode], per_agent, "judges")[0]
+    assert ([s.agent for s in judges.samples], judges.reward) == (["checker", "critic"], 0.25)
+    assert episode.reward == 0.5 and len(episode.samples) == 3  # the rollout's episode is left as it was
+    # A judge that gives no agent rewards: every policy trains on the team's.
+    assert policy_reward(episode.model_copy(update={"agent_rewards": None}), per_agent, "solver") == 0.5

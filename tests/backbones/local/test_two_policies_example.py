@@ -4,8 +4,10 @@ train`) with the debug and the local backbone on the tiny model."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +37,28 @@ def data(tmp_path_factory):
     data = tmp_path_factory.mktemp("two_policies") / "data"
     example_run().prepare(data, conversations=20, warmup_steps=2)
     return data
+
+
+def test_the_warm_up_shows_the_checker_its_format_with_right_and_wrong_proposals(data):
+    """Half the demonstrations are the checker's: a proposal, right or one digit off, and the right answer."""
+    team = importlib.import_module("team")  # examples/two_policies/team.py (example_run() put it on the path)
+    demos = [json.loads(line) for line in (data / "demos.jsonl").read_text().splitlines()]
+    checker = [demo for demo in demos if demo["messages"][0]["content"] == team.CHECKER_PROMPT]
+    assert len(checker) == len(demos) // 2 == 20
+    right = wrong = 0
+    for demo in checker:
+        messages = demo["messages"]
+        for at, message in enumerate(messages):
+            if message["role"] != "user":
+                continue
+            question = re.fullmatch(r"What is (\d+) \* (\d+)\? Proposed: The answer is (\d+)\.", message["content"])
+            assert question, message["content"]
+            a, b, proposed = map(int, question.groups())
+            answer = next(m for m in messages[at + 1:] if m["role"] == "assistant" and m["content"])
+            assert answer["content"] == f"The answer is {a * b}."
+            right, wrong = right + (proposed == a * b), wrong + (proposed != a * b)
+            assert len(str(proposed)) == len(str(a * b))  # a wrong one is one digit off, not told by its length
+    assert right > 0 and wrong > 0
 
 
 def test_the_debug_backbone_runs_both_agents_and_judges_the_team(data, tmp_path):

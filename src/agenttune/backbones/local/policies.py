@@ -138,10 +138,17 @@ class PolicyTrainers:
         """Each trained policy's update on its own agents' samples; metrics `policy/<name>/...`, and
         the totals the loop's throughput figures read."""
         metrics: dict[str, float] = {"policies/untrained_samples": float(self._unmapped(episodes))}
+        if self.policies.reward == "per_agent":  # such episodes train every policy on the team's reward
+            metrics["policies/episodes_without_agent_rewards"] = float(
+                sum(1 for episode in episodes if not episode.agent_rewards and not episode.status.failed))
         for name, trainer in self.trainers.items():
             self.model.set_adapter(name)
-            step = trainer.step(samples_of(episodes, self.policies, name), threads=threads)
+            own = samples_of(episodes, self.policies, name)
+            step = trainer.step(own, threads=threads)
             metrics.update({f"policy/{name}/{key}": value for key, value in step.items()})
+            rewards = [episode.reward for episode in own if not episode.status.failed]
+            if rewards:  # the reward this policy trained on (the team's, or its agents' with per_agent)
+                metrics[f"policy/{name}/reward/mean"] = sum(rewards) / len(rewards)
             for total in ("train/tokens", "train/samples", "perf/train_time_s"):
                 metrics[total] = metrics.get(total, 0.0) + step.get(total, 0.0)
         return metrics
@@ -177,16 +184,26 @@ def _policy_config(config: AgentTuneConfig, policy: PolicyOptions) -> AgentTuneC
 
 
 def samples_of(episodes: list[Episode], policies: PoliciesConfig, name: str) -> list[Episode]:
-    """The episodes with only the samples of policy `name`'s agents. Every episode stays, so the
-    advantage groups and their baselines are those of the whole team's rewards (verl's per-policy
-    normalisation: each policy's own rows, the episode's reward)."""
-    return [_keep_samples(episode, [policies.policy_of(sample.agent) == name for sample in episode.samples])
+    """The episodes with only the samples of policy `name`'s agents. Every episode stays, so each
+    advantage group holds every episode of its task (verl's per-policy normalisation: each policy's own
+    rows). Their reward is the team's, or with `policies.reward: per_agent` the policy's own agents'."""
+    return [_keep_samples(episode, [policies.policy_of(sample.agent) == name for sample in episode.samples],
+                          policy_reward(episode, policies, name))
             for episode in episodes]
 
 
-def _keep_samples(episode: Episode, keep: list[bool]) -> Episode:
+def policy_reward(episode: Episode, policies: PoliciesConfig, name: str) -> float:
+    """The reward policy `name` trains on: the team's, or (per_agent) the mean of the judge's rewards for the
+    agents mapped to it; the team's where the judge named none of them."""
+    if policies.reward != "per_agent" or not episode.agent_rewards:
+        return episode.reward
+    own = [reward for agent, reward in episode.agent_rewards.items() if policies.policy_of(agent) == name]
+    return sum(own) / len(own) if own else episode.reward
+
+
+def _keep_samples(episode: Episode, keep: list[bool], reward: float) -> Episode:
     samples = [sample for sample, kept in zip(episode.samples, keep, strict=True) if kept]
-    update: dict[str, Any] = {"samples": samples}
+    update: dict[str, Any] = {"samples": samples, "reward": reward}
     if episode.turn_rewards is not None:  # per call, samples in order: keep the kept samples' calls
         update["turn_rewards"] = _kept_calls(episode.samples, keep, episode.turn_rewards)
     return episode.model_copy(update=update)

@@ -2,9 +2,9 @@
 
 Every LoRA layer of the model gets, once, a forward of its own beside peft's: while a forward pass
 runs inside `rows_with_adapters`, the layer computes its base output once and adds each row's
-adapter's update (rows named "__base__" get none): in a batch mixing adapters, with two batched products
-over the layer's adapters stacked once (each row gathers its own A and B); outside, peft's forward runs as
-before (training, a batch that names no adapter). The rows of each adapter are found once per forward
+adapter's update (rows named "__base__" get none): in a batch mixing adapters, with two products over
+the layer's adapters concatenated along the rank (every row through all of them, each row's own part kept
+by a mask); outside, peft's forward runs as before (training, a batch that names no adapter). The rows of each adapter are found once per forward
 pass, not once per layer. The sum is peft's own (base + B(A(x)) x scaling, per row); peft's per-row
 `adapter_names` does the same, but sorts the rows out again in every layer, in Python, which on
 tiny://default cost 30-40 % of the decode speed of a batch naming a single adapter (bench/multi_policy.py).
@@ -30,7 +30,8 @@ class _RowAdapters:
         self.order = served  # each adapter's slot in the layers' stacked weights; the base model's is last
         self.served = frozenset(served) | {BASE_ADAPTER}
         self.groups: list[tuple[str, Any]] | None = None  # inside rows_with_adapters: (adapter, rows)
-        self.slots: Any = None  # a batch mixing adapters: each row's slot (a tensor), for the stacked product
+        self.names: list[str] | None = None  # a batch mixing adapters: each row's adapter
+        self.masks: dict[tuple[tuple[str, int], ...], Any] = {}  # rank layout -> [rows, 1, rank] row masks
         self.device: Any = None
 
 
@@ -54,15 +55,12 @@ def _named_rows(state: _RowAdapters, names: list[str]):
     if unknown:  # such rows would silently run on the base model
         raise ValueError(f"no LoRA adapter named {sorted(unknown)} in the model (it has {sorted(state.served)})")
     state.groups = _groups(names, state.device)
-    if len(set(names)) > 1:
-        import torch
-
-        slot = {name: index for index, name in enumerate(state.order)} | {BASE_ADAPTER: len(state.order)}
-        state.slots = torch.tensor([slot[name] for name in names], device=state.device)
+    state.names = names if len(set(names)) > 1 else None
     try:
         yield
     finally:
-        state.groups = state.slots = None
+        state.groups = state.names = None
+        state.masks = {}
 
 
 def _groups(names: list[str], device: Any) -> list[tuple[str, Any]]:
@@ -97,8 +95,8 @@ def _forward(state: _RowAdapters, layer: Any, peft_forward: Any, x: Any, *args: 
     if state.groups is None or kwargs.get("adapter_names") is not None:
         return peft_forward(x, *args, **kwargs)
     result = layer.base_layer(x, *args, **kwargs)
-    if state.slots is not None and x.dim() == 3 and not layer.training:
-        return result + _stacked_update(state, layer, x).to(result.dtype)
+    if state.names is not None and x.dim() == 3 and not layer.training:
+        return result + _concatenated_update(state, layer, x).to(result.dtype)
     for name, rows in state.groups:
         if name not in layer.lora_A:
             continue
@@ -110,42 +108,53 @@ def _forward(state: _RowAdapters, layer: Any, peft_forward: Any, x: Any, *args: 
     return result
 
 
-def _stacked_update(state: _RowAdapters, layer: Any, x: Any) -> Any:
-    """Every row's LoRA update in two batched products: each row gathers its adapter's A and B (scaling
-    folded into B; the base model's slot is zeros) from the layer's stacked weights. Per-adapter products
-    on each adapter's rows cost a gather, two products and an index-add per adapter and layer, which on
-    small models costs more in dispatch than in arithmetic (bench/multi_policy.py). Dropout is left
-    out: it is the identity in eval mode, and the engine runs the model in eval mode."""
+def _concatenated_update(state: _RowAdapters, layer: Any, x: Any) -> Any:
+    """Every row's LoRA update in two products: x through the layer's adapters' A matrices concatenated
+    ([rows, seq, r1 + r2 + ...]), a mask keeping each row's own adapter's part (zeros for the base model's
+    rows), then the B matrices concatenated (scaling folded in). The rank is small, so running every row
+    through every adapter costs little arithmetic; the alternatives cost more on small models, where
+    dispatch outweighs arithmetic: per-adapter products cost a gather, two products and an index-add per
+    adapter and layer, and gathering each row's own A and B copies them once per row (bench/multi_policy.py).
+    Dropout is left out: it is the identity in eval mode, and the engine runs the model in eval mode."""
+    a, b, layout = _concatenated_weights(state, layer)
+    mask = state.masks.get(layout)
+    if mask is None:
+        mask = state.masks[layout] = _row_mask(state.names or [], layout, a.dtype, a.device)
+    return ((x.to(a.dtype) @ a.T) * mask) @ b.T
+
+
+def _row_mask(names: list[str], layout: tuple[tuple[str, int], ...], dtype: Any, device: Any) -> Any:
+    """[rows, 1, total rank]: ones over each row's own adapter's ranks, zeros elsewhere."""
     import torch
 
-    a, b = _stacked_weights(state, layer)
-    a_rows, b_rows = a.index_select(0, state.slots), b.index_select(0, state.slots)  # [rows, r, in], [rows, out, r]
-    return torch.bmm(torch.bmm(x.to(a.dtype), a_rows.transpose(1, 2)), b_rows.transpose(1, 2))
+    mask = torch.zeros(len(names), 1, sum(rank for _, rank in layout), dtype=dtype)
+    starts, at = {}, 0
+    for name, rank in layout:
+        starts[name] = (at, at + rank)
+        at += rank
+    for row, name in enumerate(names):
+        if name in starts:
+            mask[row, 0, slice(*starts[name])] = 1
+    return mask.to(device)
 
 
-def _stacked_weights(state: _RowAdapters, layer: Any) -> tuple[Any, Any]:
-    """The layer's adapters stacked ([adapters + 1, r, in] and [adapters + 1, out, r], ranks padded with
-    zeros), rebuilt when a weight changed: training updates the adapters in place between forward passes,
-    which moves each tensor's version counter."""
+def _concatenated_weights(state: _RowAdapters, layer: Any) -> tuple[Any, Any, tuple[tuple[str, int], ...]]:
+    """The layer's adapters' A matrices concatenated ([r1 + r2 + ..., in]) and B matrices ([out, r1 + r2 +
+    ...], scaling folded in), with their layout ((adapter, rank), ...); rebuilt when a weight changed:
+    training updates the adapters in place between forward passes, which moves each tensor's version counter."""
     import torch
 
     present = [name for name in state.order if name in layer.lora_A]
     key = tuple((name, id(layer.lora_A[name].weight), layer.lora_A[name].weight._version,
                  id(layer.lora_B[name].weight), layer.lora_B[name].weight._version, layer.scaling[name])
                 for name in present)
-    cached = getattr(layer, "_agenttune_stacked", None)
+    cached = getattr(layer, "_agenttune_concatenated", None)
     if cached is not None and cached[0] == key:
-        return cached[1], cached[2]
-    rank = max(layer.lora_A[name].weight.shape[0] for name in present)
-    first = layer.lora_A[present[0]].weight
-    features_in, features_out = first.shape[1], layer.lora_B[present[0]].weight.shape[0]
+        return cached[1]
     with torch.no_grad():
-        a = first.new_zeros(len(state.order) + 1, rank, features_in)
-        b = first.new_zeros(len(state.order) + 1, features_out, rank)
-        for slot, name in enumerate(state.order):
-            if name in layer.lora_A:
-                weight_a, weight_b = layer.lora_A[name].weight, layer.lora_B[name].weight
-                a[slot, : weight_a.shape[0]] = weight_a
-                b[slot, :, : weight_b.shape[1]] = weight_b.to(b.dtype) * layer.scaling[name]
-    layer._agenttune_stacked = (key, a, b)
-    return a, b
+        a = torch.cat([layer.lora_A[name].weight for name in present]).contiguous()
+        b = torch.cat([layer.lora_B[name].weight.to(a.dtype) * layer.scaling[name] for name in present],
+                      dim=1).contiguous()
+    weights = (a, b, tuple((name, layer.lora_A[name].weight.shape[0]) for name in present))
+    layer._agenttune_concatenated = (key, weights)
+    return weights

@@ -50,6 +50,10 @@ class JudgeResult(BaseModel):
         default=None, description="Optional: a reward for each model call of the episode, in the order of the calls "
                                   "(`len(judge_input.messages)`'s assistant turns of one agent). Estimators that use "
                                   "them (turn_grpo) give each call its own advantage; the others read only `reward`.")
+    agent_rewards: dict[str, float] | None = Field(
+        default=None, description="Optional, for several policies in one run: a reward for each agent of the episode "
+                                  "(agent name -> reward). With `policies.reward: per_agent` each policy trains on "
+                                  "its own agents' rewards; otherwise only `reward` (the team's) is read.")
 
 
 class Judge(Component):
