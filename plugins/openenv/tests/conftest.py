@@ -3,6 +3,9 @@
     def test_x(guess_server, echo_server):       # one of each for the whole session: importing openenv
         guess_server.url, guess_server.stats()     # (it imports gradio) takes seconds, so tests share them
 
+tools_server serves an MCP tool environment (tools_env); solo_server the echo environment on a server
+that takes one session at a time (max_concurrent_envs=1): a test must leave its session closed.
+
 Counters in stats() are cumulative (compare before and after); `live` must be back to 0 after a test.
 The servers are killed when the session ends.
 """
@@ -55,7 +58,7 @@ class Server:
         self.process.wait(timeout=10)
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log: Path | None, timeout: float = 60.0) -> None:
+def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, log: Path | None, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -80,9 +83,9 @@ def launch(name: str, log_dir: Path) -> Server:
 
 @pytest.fixture(scope="session")
 def test_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    """Both test servers, started at once (each spends seconds importing openenv)."""
+    """The test servers, started at once (each spends seconds importing openenv)."""
     log_dir = tmp_path_factory.mktemp("openenv-servers")
-    servers = {name: launch(name, log_dir) for name in ("guess", "echo")}
+    servers = {name: launch(name, log_dir) for name in ("guess", "echo", "tools", "solo")}
     try:
         for server in servers.values():
             wait_healthy(server.url, server.process, server.log)
@@ -100,6 +103,16 @@ def guess_server(test_servers: dict[str, Server]) -> Server:
 @pytest.fixture
 def echo_server(test_servers: dict[str, Server]) -> Server:
     return test_servers["echo"]
+
+
+@pytest.fixture
+def tools_server(test_servers: dict[str, Server]) -> Server:
+    return test_servers["tools"]
+
+
+@pytest.fixture
+def solo_server(test_servers: dict[str, Server]) -> Server:
+    return test_servers["solo"]
 
 
 @pytest.fixture(autouse=True)

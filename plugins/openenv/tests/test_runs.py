@@ -174,3 +174,35 @@ def test_a_launched_server_killed_mid_run_is_counted_per_episode_and_restarted(t
     assert metrics[0]["failures/environment_error"] == len(failed)
     assert not healthy(url)  # stopped with the run
     assert (run.run_dir / "openenv_server.log").exists()
+
+
+def test_worker_processes_wait_for_a_launched_server_that_is_restarting(tmp_path: Path):
+    """rollout.workflow_processes=2: the launcher's news of the restart reaches the episodes in the workers.
+
+    New episodes there wait for the restarted server instead of failing, and the episodes that were
+    in flight name the death. (Their status is the core's: an error from a workflow process comes back
+    as text, so EnvironmentFailure there is counted as workflow_error, not environment_error.)
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # A worker's first episodes import openenv (seconds): a longer episode_timeout than the in-process test's.
+    config = config_for(tmp_path, openenv={"port": port}, debug={"first_n_tasks": 6, "max_parallel": 4},
+                        engine={"delay": 0.3},
+                        rollout={"num_repeat": 4, "workflow_processes": 2, "episode_timeout": 180})
+    with KillOnce(url, after=6) as killer:
+        run = train_from_config(config, run_dir=tmp_path / "run")
+    assert killer.killed is not None, "the server was never killed: the run ended first"
+    assert killer.restarted is not None, "the server was not started again"
+    episodes = records(run.run_dir)
+    assert len(episodes) == 24
+    failed = [episode for episode in episodes if episode["status"] != "ok"]
+    assert {episode["status"] for episode in failed} <= {"environment_error", "workflow_error"}
+    # Without the news a worker's episode that starts during the restart fails "could not be reached for
+    # reset" with nothing more to say; with it, it waits and runs, and a failure names the death.
+    assert all("EnvironmentFailure" in episode["error"] and (
+        "exited with code -9" in episode["error"] or "dropped the session" in episode["error"])
+        for episode in failed), [episode["error"] for episode in failed]
+    assert 0 < len(failed) <= 4  # only the episodes in flight at the kill (max_parallel): the rest waited
+    log = (run.run_dir / "log.jsonl").read_text()
+    assert "the OpenEnv server died; starting it again" in log and "the OpenEnv server is up again" in log
+    assert not healthy(url)

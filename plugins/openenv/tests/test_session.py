@@ -132,3 +132,39 @@ def test_a_container_image_is_refused_in_one_paragraph(tmp_path):
             pass
     with pytest.raises(ValueError, match="one of openenv.app, openenv.command"):
         OpenEnvSection(app="a:app", command="python -m a")
+
+
+def test_the_launchers_news_reaches_another_process(tmp_path):
+    """What worker processes see: the news file named by $AGENTTUNE_OPENENV_NEWS, not this process's memory."""
+    import os
+    import subprocess
+    import sys
+
+    from agenttune_openenv.news import NEWS_VARIABLE, NewsFile
+
+    news = NewsFile(tmp_path / "openenv_server_news.json")
+    url = "http://127.0.0.1:9"
+    probe = ("import sys; from agenttune_openenv.news import restarting, server_news; "
+             "print(restarting(sys.argv[1]), repr(server_news(sys.argv[1])))")
+
+    def seen_elsewhere() -> str:
+        return subprocess.run([sys.executable, "-c", probe, url], env={**os.environ, NEWS_VARIABLE: str(news.path)},
+                              capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+    news.note(url, "it exited with code -9; it is being started again", restarting=True)
+    assert seen_elsewhere() == "True '; it exited with code -9; it is being started again'"
+    news.note(url, None)
+    assert seen_elsewhere() == "False ''"
+
+
+async def test_a_session_handed_to_the_judge_from_a_workflow_process_keeps_its_rewards(echo_server):
+    """With rollout.workflow_processes > 1 the session is pickled to reach the judge: its bookkeeping goes."""
+    import pickle
+
+    env = session(echo_server.url)
+    await env.reset()
+    await env.step({"message": "hello"})
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.opened and copy.rewards == pytest.approx([0.5]) and copy.steps == 1 and not copy.done
+    await env.close()
+    assert (await wait_for_live(echo_server, 0))["live"] == 0

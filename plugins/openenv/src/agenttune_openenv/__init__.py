@@ -1,6 +1,6 @@
 """agenttune-plugin-openenv: OpenEnv environments as the episode's environment and reward source.
 
-    workflow: agenttune_openenv:TextEnvWorkflow       # or your own, with openenv_for(task, tuner)
+    workflow: agenttune_openenv:TextEnvWorkflow       # or ToolEnvWorkflow (MCP tools), or your own: openenv_for
     task_reader: {type: openenv, train_size: 64, validation_size: 16}
     judge: {type: openenv}
     openenv: {app: my_env.server.app:app}              # or command: ..., or url: ...
@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agenttune_openenv.session import OpenEnvSession, OpenEnvSpec, StepResult, openenv_for
+    from agenttune_openenv.tool_workflow import ToolEnvWorkflow
     from agenttune_openenv.workflow import TextEnvWorkflow
 
 # Imported on first use: agenttune loads this package (for its plugin hooks) on every command,
 # `agenttune --help` included, and the session pulls in openenv and agenttune's run machinery.
 _EXPORTS = {
     "OpenEnvSession": "session", "OpenEnvSpec": "session", "StepResult": "session", "openenv_for": "session",
-    "TextEnvWorkflow": "workflow",
+    "TextEnvWorkflow": "workflow", "ToolEnvWorkflow": "tool_workflow",
 }
 
-__all__ = ["OpenEnvSession", "OpenEnvSpec", "StepResult", "TextEnvWorkflow", "openenv_for"]
+__all__ = ["OpenEnvSession", "OpenEnvSpec", "StepResult", "TextEnvWorkflow", "ToolEnvWorkflow", "openenv_for"]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@
       validation_seed: 1000000
       reset: {difficulty: easy} # more keyword arguments for every reset (the environment's own)
       query: ""                 # an instruction put before the first observation by the text workflow
+      capacity_wait: 300        # seconds an episode waits for a free session while the server is full
 
 OpenEnv environments make their own episodes on `reset()`; a task here is just "reset with this
 seed". Tasks from any other reader work too: put {"reset": {...}} (and optionally "url") in
@@ -36,6 +37,8 @@ class OpenEnvReaderOptions(BaseModel):
     reset: dict[str, Any] = Field(default_factory=dict, description="More keyword arguments for every reset.")
     query: str = Field(default="", description="Instruction the text workflow puts before the first observation.")
     message_timeout: float = Field(default=60.0, gt=0, description="Seconds one reset, step or state may take.")
+    capacity_wait: float = Field(default=300.0, ge=0, description="Seconds an episode waits for a free session "
+                                                                  "while the server is full (max_concurrent_envs).")
 
 
 class OpenEnvTaskReader(TaskReader):
@@ -58,6 +61,7 @@ class OpenEnvTaskReader(TaskReader):
 
     def _task(self, split: str, index: int, seed: int) -> Task:
         options = self.options
-        spec = {"reset": {**options.reset, "seed": seed}, "message_timeout": options.message_timeout}
+        spec = {"reset": {**options.reset, "seed": seed}, "message_timeout": options.message_timeout,
+                "capacity_wait": options.capacity_wait}
         return Task(task_id=f"{split}-{index}", query=options.query, env_type="openenv",
                     metadata={METADATA_KEY: spec})

@@ -11,7 +11,9 @@ With `app` or `command`, `agenttune train` starts the server before any rollout,
 (episodes find their server there), and stops its whole process group when the run ends. Its output
 goes to `<run_dir>/openenv_server.log`. If the server dies during the run, the episodes it was
 serving fail with status `environment_error` (each counted in `failures/environment_error`), and it
-is started again on the same port, up to `max_restarts` times.
+is started again on the same port, up to `max_restarts` times. What happened to it is written to
+`<run_dir>/openenv_server_news.json` (exported as AGENTTUNE_OPENENV_NEWS), where new episodes, in
+workflow processes too, see that it is being restarted and wait for it.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from pathlib import Path
 import httpx
 
 from agenttune.plugin_api import ServiceProcess, UserError, exported_variable, get_logger
+from agenttune_openenv.news import NEWS_VARIABLE, NewsFile
 from agenttune_openenv.section import OpenEnvSection
-from agenttune_openenv.session import URL_VARIABLE, note_server_event
+from agenttune_openenv.session import URL_VARIABLE
 
 log = get_logger("openenv.server")
 
@@ -69,6 +72,8 @@ class ServerProcess:
         self.port = section.port or free_port()
         self.url = (section.url or f"http://127.0.0.1:{self.port}").rstrip("/")
         self.log_path = log_path
+        # Episodes read it to wait for a restart, or to name the death in their error, in any process.
+        self.news = NewsFile(log_path.with_name("openenv_server_news.json"))
         self.child = ServiceProcess("OpenEnv", log_path)
         self.deaths: list[int] = []  # exit codes of the deaths during the run
         self.restarts = 0
@@ -137,14 +142,14 @@ class ServerProcess:
             self.deaths.append(code)
             what = f"the OpenEnv server exited with code {code} during the run (its output: {self.log_path})"
             if self.restarts >= self.section.max_restarts:
-                note_server_event(self.url, f"{what}; openenv.max_restarts={self.section.max_restarts} is used up")
+                self.news.note(self.url, f"{what}; openenv.max_restarts={self.section.max_restarts} is used up")
                 log.error("the OpenEnv server died and openenv.max_restarts is used up; episodes will fail",
                           exit_code=code, restarts=self.restarts, log=str(self.log_path))
                 return
-            note_server_event(self.url, f"{what}; it is being started again", restarting=True)
+            self.news.note(self.url, f"{what}; it is being started again", restarting=True)
             log.error("the OpenEnv server died; starting it again", exit_code=code, log=str(self.log_path))
             if not self._restart():
-                note_server_event(self.url, f"{what}; starting it again failed")
+                self.news.note(self.url, f"{what}; starting it again failed")
                 return
 
     def _restart(self) -> bool:
@@ -158,7 +163,7 @@ class ServerProcess:
         deadline = time.monotonic() + self.section.healthcheck_timeout
         while not self._stopping.is_set():
             if healthy(self.url):
-                note_server_event(self.url, None)
+                self.news.note(self.url, None)
                 log.info("the OpenEnv server is up again", url=self.url, restarts=self.restarts)
                 return True
             if self.process is None or self.process.poll() is not None or time.monotonic() > deadline:
@@ -171,7 +176,7 @@ class ServerProcess:
         """Stop the server's whole process group: SIGTERM, then SIGKILL after stop_timeout."""
         self._stopping.set()
         self.child.stop(self.section.stop_timeout)
-        note_server_event(self.url, None)
+        self.news.note(self.url, None)
         if self.deaths:
             log.warning("the OpenEnv server had died during the run", deaths=len(self.deaths),
                         restarts=self.restarts, log=str(self.log_path))
@@ -199,7 +204,7 @@ def openenv_server_for_run(section: OpenEnvSection, run_dir: Path,
     server = ServerProcess(section, run_dir / "openenv_server.log", search_path)
     server.start()
     try:
-        with exported_url(server.url):
+        with exported_url(server.url), exported_variable(NEWS_VARIABLE, str(server.news.path)):
             yield server
     finally:
         server.stop()

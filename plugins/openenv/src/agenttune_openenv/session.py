@@ -18,20 +18,25 @@ use them). `openenv_for` hands the session to the judge (as `openenv`) and close
 is over: after the judge, and also when the workflow raised, timed out or was cancelled; closing the
 connection is what makes the server drop the instance. Every call has a timeout. A server that is down,
 never answers, or drops the connection raises `EnvironmentFailure`: the episode ends with status
-`environment_error`.
+`environment_error`. A server that is full (CAPACITY_REACHED: it serves its max_concurrent_envs
+sessions) is tried again, with growing pauses, for up to `capacity_wait` seconds; a launched server
+that is being restarted is waited for (`restart_wait`). An MCP tool environment's tools are
+`await env.list_tools()` and `await env.call_tool(name, arguments)` (a step).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
+import random
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from agenttune.plugin_api import EnvironmentFailure, UserError, get_logger
+from agenttune_openenv.news import restarting, server_news, wait_while_restarting
 
 if TYPE_CHECKING:
     from openenv.core import GenericEnvClient
@@ -44,44 +49,20 @@ METADATA_KEY = "openenv"
 HANDED_KEY = "openenv"  # the judge input under which the session is handed to the judge
 URL_VARIABLE = "AGENTTUNE_OPENENV_URL"  # exported by the launcher for the length of a run
 CLOSE_TIMEOUT_S = 10.0  # closing is cleanup: bounded even when the server is gone
-
-# url -> what happened to the server agenttune launched there (it exited, with its log), while it is down;
-# and the urls whose server is being started again (a new episode waits for it rather than failing).
-_SERVER_EVENTS: dict[str, str] = {}
-_RESTARTING: set[str] = set()
-_EVENTS_LOCK = threading.Lock()
-
-
-def note_server_event(url: str, what: str | None, *, restarting: bool = False) -> None:
-    """The launcher's news about its server: `what` while it is down, None once it is up (or stopped)."""
-    key = url.rstrip("/")
-    with _EVENTS_LOCK:
-        if what is None:
-            _SERVER_EVENTS.pop(key, None)
-        else:
-            _SERVER_EVENTS[key] = what
-        if restarting and what is not None:
-            _RESTARTING.add(key)
-        else:
-            _RESTARTING.discard(key)
+# openenv's error code (WSErrorCode) for a session refused because the server serves max_concurrent_envs already.
+CAPACITY_CODE = "CAPACITY_REACHED"
+# Pauses between tries at a full server: doubling, and jittered so that the episodes waiting do not
+# all knock at once when a session frees up.
+FIRST_PAUSE_S = 0.25
+LONGEST_PAUSE_S = 5.0
 
 
-def server_news(url: str) -> str:
-    with _EVENTS_LOCK:
-        what = _SERVER_EVENTS.get(url.rstrip("/"))
-    return f"; {what}" if what else ""
+class ServerFull(EnvironmentFailure):
+    """The server refused a new session: it already serves as many as it allows (`limit`, when it said)."""
 
-
-def restarting(url: str) -> bool:
-    with _EVENTS_LOCK:
-        return url.rstrip("/") in _RESTARTING
-
-
-async def wait_while_restarting(url: str, timeout: float) -> None:
-    """Wait (up to `timeout`) while the launcher is starting the server at `url` again."""
-    deadline = time.monotonic() + timeout
-    while restarting(url) and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    def __init__(self, message: str, limit: int | None):
+        super().__init__(message)
+        self.limit = limit
 
 
 class OpenEnvSpec(BaseModel):
@@ -95,6 +76,8 @@ class OpenEnvSpec(BaseModel):
     message_timeout: float = Field(default=60.0, gt=0, description="Seconds one reset, step or state may take.")
     restart_wait: float = Field(default=120.0, ge=0, description="Seconds a new episode waits for a launched "
                                                                  "server that died to be started again.")
+    capacity_wait: float = Field(default=300.0, ge=0, description="Seconds a new episode waits for a free session "
+                                                                  "while the server is full (max_concurrent_envs).")
 
     @classmethod
     def of(cls, task: Task, **overrides: Any) -> OpenEnvSpec:
@@ -133,6 +116,7 @@ class OpenEnvSession:
         self.opened = False
         self.closed = False
         self.last: StepResult | None = None
+        self.capacity_waits = 0  # how often reset found the server full and waited
         self._client: GenericEnvClient | None = None
 
     async def reset(self, **kwargs: Any) -> StepResult:
@@ -143,16 +127,47 @@ class OpenEnvSession:
         self.opened = True  # before the call: a session half-opened must still be closed
         arguments = {**self.spec.reset, **kwargs}
         await wait_while_restarting(self.url, self.spec.restart_wait)
-        try:
-            result = await self._open_and_reset(arguments)
-        except EnvironmentFailure:
-            if not restarting(self.url):
-                raise
-            # The server died between the wait and the call, and is coming back: wait, then once more.
-            await wait_while_restarting(self.url, self.spec.restart_wait)
-            result = await self._open_and_reset(arguments)
+        result = await self._open_when_possible(arguments)
         self.done = result.done
         return result
+
+    async def _open_when_possible(self, arguments: dict[str, Any]) -> StepResult:
+        """Open and reset. While the server is full, try again until `capacity_wait` is over; when it died
+        and the launcher is starting it again, wait for that and try once more."""
+        deadline = time.monotonic() + self.spec.capacity_wait
+        pause = FIRST_PAUSE_S
+        waited_for_restart = False
+        while True:
+            try:
+                return await self._open_and_reset(arguments)
+            except ServerFull as full:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._still_full(full) from full
+                if not self.capacity_waits:
+                    log.info("the OpenEnv server is full; waiting for a free session", url=self.url,
+                             task_id=self.task_id, capacity_wait=self.spec.capacity_wait)
+                self.capacity_waits += 1
+                await asyncio.sleep(min(pause * random.uniform(0.5, 1.0), left))
+                pause = min(2 * pause, LONGEST_PAUSE_S)
+            except EnvironmentFailure:
+                if waited_for_restart or not restarting(self.url):
+                    raise
+                # The server died between the wait and the call, and is coming back: wait, then once more.
+                waited_for_restart = True
+                await wait_while_restarting(self.url, self.spec.restart_wait)
+
+    def _still_full(self, full: ServerFull) -> EnvironmentFailure:
+        limit = f"at most {full.limit} session{'s' * (full.limit != 1)}" if full.limit is not None else \
+            "no more sessions"
+        fewer = f"{full.limit} or fewer" if full.limit is not None else "fewer"
+        return EnvironmentFailure(
+            f"the OpenEnv server at {self.url} stayed full for capacity_wait={self.spec.capacity_wait:g}s: it "
+            f"serves {limit} at once (its max_concurrent_envs) and none became free for task {self.task_id}. "
+            f"Run {fewer} episodes at once (rollout.max_env_worker, debug.max_parallel), let the server take "
+            "more (create_app(..., max_concurrent_envs=N) with SUPPORTS_CONCURRENT_SESSIONS = True), or wait "
+            "longer: task_reader.capacity_wait (OpenEnvSpec.capacity_wait, openenv_for(capacity_wait=...)). "
+            f"The server said: {full}")
 
     async def _open_and_reset(self, arguments: dict[str, Any]) -> StepResult:
         if self._client is not None:
@@ -169,6 +184,26 @@ class OpenEnvSession:
         self.rewards.append(float(result.reward or 0.0))
         self.done = result.done
         return result
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """An MCP tool environment's tools (name, description, input_schema). Not a step: it has no reward."""
+        self._check_live()
+        assert self._client is not None
+        try:
+            raw = await self._guarded("list_tools", self._client.step({"type": "list_tools"}))
+        except EnvironmentFailure as error:
+            if "VALIDATION_ERROR" not in str(error):
+                raise
+            raise not_a_tool_environment(self.url, str(error)) from error
+        tools = (raw.observation or {}).get("tools")
+        if not isinstance(tools, list):
+            raise not_a_tool_environment(self.url, f"its answer has no tools: {raw.observation!r:.300}")
+        return [dict(tool) for tool in tools]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        """Call one of an MCP tool environment's tools: a step (its reward is kept); the observation has
+        `tool_name`, `result` (MCP's content, data, is_error) and `error` (a call that did not run)."""
+        return await self.step({"type": "call_tool", "tool_name": name, "arguments": arguments})
 
     async def state(self) -> dict[str, Any]:
         """The environment's state (episode_id, step_count and what the environment adds)."""
@@ -218,6 +253,8 @@ class OpenEnvSession:
             raise EnvironmentFailure(f"the OpenEnv server at {self.url} could not be reached for {what}: "
                                      f"{error}{server_news(self.url)}") from error
         except RuntimeError as error:  # the server's error frame ("Server error: ... (code: ...)")
+            if CAPACITY_CODE in str(error):
+                raise ServerFull(str(error), capacity_of(error)) from error  # reset waits, then says it all
             raise EnvironmentFailure(f"the OpenEnv server at {self.url} refused {what}: {error}"
                                      f"{server_news(self.url)}") from error
         except Exception as error:
@@ -235,9 +272,29 @@ class OpenEnvSession:
             raise RuntimeError(f"OpenEnv session for {self.task_id}: call `await env.reset()` first")
         self._check_not_closed()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Handed to the judge from a workflow process (rollout.workflow_processes > 1), the session is
+        # pickled: the judge gets the bookkeeping it reads; the connection stays in the worker, whose
+        # cleanups close it.
+        return {**self.__dict__, "_client": None}
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open" if self.opened else "new"
         return f"<OpenEnvSession {self.url} {self.task_id} {state} steps={self.steps}>"
+
+
+def not_a_tool_environment(url: str, why: str) -> UserError:
+    return UserError(
+        f"The OpenEnv environment at {url} has no MCP tools to list ({why}). agenttune_openenv:ToolEnvWorkflow "
+        "needs an MCPEnvironment (openenv.core.env_server.mcp_environment) served with create_app(env, "
+        "CallToolAction, CallToolObservation).",
+        hint="Use agenttune_openenv:TextEnvWorkflow for a text environment, or a workflow of your own.")
+
+
+def capacity_of(error: Exception) -> int | None:
+    """The server's session limit from its refusal ("Server at capacity: 4/4 sessions active. ...")."""
+    found = re.search(r"(\d+)/(\d+) sessions", str(error))
+    return int(found.group(2)) if found else None
 
 
 async def _close_quietly(client: GenericEnvClient) -> None:
@@ -254,7 +311,7 @@ async def _awaited(call: Any) -> Any:
 
 
 def openenv_for(task: Task, tuner: ModelTuner, *, url: str | None = None, reset: dict[str, Any] | None = None,
-                message_timeout: float | None = None) -> OpenEnvSession:
+                message_timeout: float | None = None, capacity_wait: float | None = None) -> OpenEnvSession:
     """The episode's OpenEnv session (the same object on every call within one episode).
 
     The server's URL comes from the task, `url=`, or the run (the openenv: section); the reset
@@ -264,7 +321,7 @@ def openenv_for(task: Task, tuner: ModelTuner, *, url: str | None = None, reset:
     existing = tuner.judge_input_dictionary.get(HANDED_KEY)
     if isinstance(existing, OpenEnvSession):
         return existing
-    spec = OpenEnvSpec.of(task, url=url, message_timeout=message_timeout)
+    spec = OpenEnvSpec.of(task, url=url, message_timeout=message_timeout, capacity_wait=capacity_wait)
     if reset:
         spec.reset = {**spec.reset, **reset}
     session = OpenEnvSession(spec, task.task_id)

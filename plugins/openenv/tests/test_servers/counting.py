@@ -40,6 +40,12 @@ def on_close(instance: object) -> None:
             _COUNTS["closed_after_reset"] += 1
 
 
+def count(name: str) -> None:
+    """One more of `name` (a server's own counter, e.g. the calls of one tool)."""
+    with _LOCK:
+        _COUNTS[name] = _COUNTS.get(name, 0) + 1
+
+
 def stats() -> dict[str, Any]:
     with _LOCK:
         return {**_COUNTS, "live": len(_LIVE - _HUNG), "hung": len(_HUNG), "pid": os.getpid(), "started": _STARTED}
