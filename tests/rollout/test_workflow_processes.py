@@ -23,7 +23,7 @@ from agenttune.errors import UserError
 from agenttune.rollout.rollout_engine import RolloutEngine
 from agenttune.testing import tiny_tokenizer
 from agenttune.testing.gateways import running_gateway, tiny_config
-from agenttune.workflow.episode import EpisodeStatus
+from agenttune.workflow.episode import EnvironmentFailure, EpisodeStatus
 
 
 def config_with(processes: int = 2, **rollout):
@@ -43,6 +43,10 @@ class WhereWorkflow(Workflow):
         mode = task.metadata["mode"]
         if mode == "die":
             os._exit(9)
+        if mode == "environment":
+            raise EnvironmentFailure("the environment server went away")
+        if mode == "broken":
+            raise ValueError("a bug in the workflow")
         client = tuner.as_async_openai_client(http=mode == "http")
         reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.query}])
         tuner.update_judge_input_dictionary(answer=reply.choices[0].message.content)
@@ -88,6 +92,17 @@ async def test_workflows_run_in_the_workers_and_the_trainer_keeps_the_record():
         [sample] = episode.samples
         assert tiny_tokenizer().decode(sample.response_ids, skip_special_tokens=True) == "It is blue."
     assert not pids & {child.pid for child in multiprocessing.active_children()}  # stopped at the end
+
+
+async def test_a_workflow_error_in_a_worker_keeps_its_kind():
+    """EnvironmentFailure raised in a worker is the episode's environment_error, as in-process."""
+    config = config_with(processes=1)
+    async with running_gateway(engine(), config=config) as gateway:
+        async with RolloutEngine(config, gateway, WhereWorkflow, AnswerJudge()) as rollout:
+            environment, broken = await rollout.run_tasks(tasks("environment", "broken"))
+    assert environment.status is EpisodeStatus.ENVIRONMENT_ERROR
+    assert environment.error.startswith("EnvironmentFailure: the environment server went away")
+    assert broken.status is EpisodeStatus.WORKFLOW_ERROR and broken.error.startswith("ValueError: a bug")
 
 
 @pytest.mark.slow

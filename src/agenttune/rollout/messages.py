@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from agenttune.gateway.channel import EpisodeRecord
     from agenttune.workflow.task import Task
 
-Outcome = Literal["ok", "cancelled", "error"]
+Outcome = Literal["ok", "cancelled", "error", "environment_error"]  # environment_error: an EnvironmentFailure
 M = TypeVar("M", bound=type)
 
 

@@ -34,7 +34,7 @@ from agenttune.rollout.judging import (
     isolation_of,
 )
 from agenttune.rollout.loop_watchdog import LoopBlocked, LoopWatchdog
-from agenttune.rollout.running import call_workflow, describe
+from agenttune.rollout.running import WorkflowProcessError, call_workflow, describe
 from agenttune.rollout.workers import WorkflowProcesses
 from agenttune.workflow.base import Workflow, WorkflowOutput
 from agenttune.workflow.episode import EnvironmentFailure, Episode, EpisodeStatus
@@ -431,7 +431,7 @@ def _failure_status(error: BaseException, tuner: ModelTuner) -> EpisodeStatus:
     """Who failed the episode: the engine (the agent saw 502s), the environment, or the workflow itself."""
     if _engine_failed(tuner):
         return EpisodeStatus.ENGINE_ERROR
-    if isinstance(error, EnvironmentFailure):
+    if isinstance(error, EnvironmentFailure) or (isinstance(error, WorkflowProcessError) and error.environment):
         return EpisodeStatus.ENVIRONMENT_ERROR
     return EpisodeStatus.WORKFLOW_ERROR
 

@@ -29,11 +29,13 @@ T = TypeVar("T")
 
 
 class WorkflowProcessError(Exception):
-    """The workflow failed in a worker process; `description` is its error and traceback there."""
+    """The workflow failed in a worker process; `description` is its error and traceback there.
+    `environment`: the error was an EnvironmentFailure (the episode's status says the environment failed)."""
 
-    def __init__(self, description: str):
+    def __init__(self, description: str, *, environment: bool = False):
         super().__init__(description.splitlines()[0] if description else "the workflow failed")
         self.description = description
+        self.environment = environment
 
 
 async def call_workflow(workflow_cls: type[Workflow], task: Task, tuner: ModelTuner) -> Any:

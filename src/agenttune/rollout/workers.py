@@ -56,6 +56,7 @@ from agenttune.rollout.messages import (
 )
 from agenttune.rollout.pipe import MessagePipe, open_pipe
 from agenttune.rollout.running import WorkflowProcessError, call_workflow, describe, run_until_done
+from agenttune.workflow.episode import EnvironmentFailure
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -114,6 +115,7 @@ class _Setup:
     gateway_config: AgentTuneConfig
     tokenizer: Any
     wants_messages: bool  # the engine takes messages (chat mode), not prompt ids
+    adapter_names: tuple[str, ...]  # the LoRA adapters the engine serves (several policies): the worker routes by them
     http: bool  # the worker's gateway serves HTTP too (when the trainer's does)
     workflow_cls: type[Workflow]
     run_dir: Any
@@ -145,7 +147,8 @@ class WorkflowProcesses:
         gateway_config = gateway.config.model_copy(
             update={"gateway": gateway.config.gateway.model_copy(update={"port": 0})})  # each its own free port
         wants_messages = gateway.engine.wants_messages
-        self.setup = _Setup(config, gateway_config, gateway.tokenizer, wants_messages, http=gateway.port is not None,
+        self.setup = _Setup(config, gateway_config, gateway.tokenizer, wants_messages, gateway.engine.adapter_names,
+                            http=gateway.port is not None,
                             workflow_cls=workflow_cls, run_dir=run_dir)
         self._workers: list[_Worker] = []
         self._replacing = asyncio.Lock()  # one replacement per dead worker, ready before it gets work
@@ -214,7 +217,7 @@ class WorkflowProcesses:
             return reply.value
         if reply.outcome == "cancelled":
             raise asyncio.CancelledError
-        raise WorkflowProcessError(reply.value)
+        raise WorkflowProcessError(reply.value, environment=reply.outcome == "environment_error")
 
     # -- the workers --------------------------------------------------------------------------------
     async def _spawn(self) -> _Worker:
@@ -371,11 +374,18 @@ class RemoteEngine(InferenceEngine):
 
     name = "workflow-process"
 
-    def __init__(self, wants_messages: bool):
+    def __init__(self, wants_messages: bool, adapters: tuple[str, ...] = ()):
         self.wants_messages = wants_messages
+        self._adapters = adapters
         self.pipe: MessagePipe | None = None
         self._calls = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        """The trainer's engine's: the worker's gateway routes each agent to its policy's adapter, whose
+        name travels to that engine in the call's SamplingParams."""
+        return self._adapters
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
@@ -431,7 +441,7 @@ class _Episodes:
 
         self.sock = sock
         self.setup = setup
-        self.engine = RemoteEngine(setup.wants_messages)
+        self.engine = RemoteEngine(setup.wants_messages, setup.adapter_names)
         self.frameworks = FrameworkLoader(setup.run_dir)
         self.gateway: Gateway | None = None
         self.runs: dict[int, asyncio.Task] = {}
@@ -497,6 +507,8 @@ class _Episodes:
             outcome, value = "ok", await call_workflow(self.setup.workflow_cls, run.task, tuner)
         except asyncio.CancelledError:
             outcome, value = "cancelled", None
+        except EnvironmentFailure as error:  # the trainer names the episode's status after it
+            outcome, value = "environment_error", describe(error)
         except Exception as error:
             outcome, value = "error", describe(error)
         finally:

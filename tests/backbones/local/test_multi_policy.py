@@ -164,12 +164,10 @@ def test_adapters_that_do_not_fit_the_model_are_refused_before_step_1(tmp_path, 
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "run")
 
 
-def test_asynchronous_modes_workflow_processes_and_lora_rank_are_refused_with_policies(tmp_path):
+def test_asynchronous_modes_and_lora_rank_are_refused_with_policies(tmp_path):
     conf = write_run_files(tmp_path, TWO_POLICIES)
     with pytest.raises(UserError, match="not supported yet"):
         train(conf, tmp_path / "async", "trainer.mode=async")
-    with pytest.raises(UserError, match="rollout.workflow_processes=2"):
-        train(conf, tmp_path / "processes", "rollout.workflow_processes=2")
     with pytest.raises(UserError, match="local.lora_rank"):
         train(conf, tmp_path / "lora", "local.lora_rank=4")
 
@@ -210,3 +208,23 @@ def test_policy_rewards_are_the_teams_or_the_mean_of_their_own_agents():
     assert episode.reward == 0.5 and len(episode.samples) == 3  # the rollout's episode is left as it was
     # A judge that gives no agent rewards: every policy trains on the team's.
     assert policy_reward(episode.model_copy(update={"agent_rewards": None}), per_agent, "solver") == 0.5
+
+
+@pytest.mark.slow
+def test_workflow_processes_route_each_agent_to_its_policy(tmp_path):
+    """Episodes run in two worker processes, whose gateways reach the trainer's engine over a pipe: each
+    agent's calls still sample with its own policy's adapter, and the unmapped observer is counted."""
+    from agenttune.rollout.log import read_records
+
+    conf = write_run_files(tmp_path, TWO_POLICIES)
+    run_dir = tmp_path / "run"
+    train(conf, run_dir, "rollout.workflow_processes=2", "trainer.total_steps=1", "trainer.save_freq=0")
+    (record,) = read_metrics(run_dir)
+    assert record["policy/proposer/train/samples"] > 0 and record["policy/checker/train/samples"] > 0
+    assert record["unknown_agent_calls"] == 6
+    episodes = list(read_records(run_dir / "rollouts" / "step_000001_train.jsonl"))
+    assert len(episodes) == 6
+    for episode in episodes:
+        assert not episode.status.failed, episode.error
+        assert {(sample.agent, sample.policy) for sample in episode.samples} == {
+            ("proposer", "proposer"), ("checker", "checker"), ("observer", None)}

@@ -87,11 +87,6 @@ def _check_policies(config: AgentTuneConfig) -> None:
         raise UserError(f"trainer.mode {config.trainer.mode!r} with several policies (policies.adapters) is not "
                         "supported yet: the asynchronous engine's copy of the weights would have to follow every "
                         "adapter.", hint="Use trainer.mode: sync with policies.adapters.")
-    if config.rollout.workflow_processes > 1:
-        raise UserError(f"rollout.workflow_processes={config.rollout.workflow_processes} with several policies "
-                        "(policies.adapters) is not supported yet: the workflow processes' gateways reach the engine "
-                        "through a proxy that does not say which adapters it serves, so they would not route agents "
-                        "to their policies.", hint="Use rollout.workflow_processes: 1 with policies.adapters.")
     if config.engine.type != "hf":
         raise UserError(f"engine.type {config.engine.type!r} cannot serve several policies: only the hf engine runs "
                         "each agent's calls with its policy's adapter.",
