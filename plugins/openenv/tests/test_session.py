@@ -126,12 +126,77 @@ def test_observation_text():
         observation_text(result, "board")
 
 
-def test_a_container_image_is_refused_in_one_paragraph(tmp_path):
-    with pytest.raises(UserError, match="does not start containers.*openenv.url"):
-        with openenv_server_for_run(OpenEnvSection(image="registry.hf.space/openenv-echo-env:latest"), tmp_path):
+IMAGE = "registry.hf.space/openenv-echo-env:latest"
+
+# A stand-in for the `docker` command (this machine has Docker's client but no daemon): `info` answers,
+# `rm -f NAME` is logged, `run ... -p 127.0.0.1:PORT:8000 -e K=V IMAGE` logs its arguments and serves the
+# echo test environment on PORT in the foreground, as `docker run` does with a container.
+DOCKER_STAND_IN = """#!{python}
+import os, sys
+log = open({log!r}, "a")
+print(" ".join(sys.argv[1:]), file=log, flush=True)
+if sys.argv[1] == "run":
+    port = sys.argv[sys.argv.index("-p") + 1].split(":")[1]
+    os.chdir({tests!r})
+    os.execv(sys.executable, [sys.executable, "-m", "uvicorn", "test_servers.echo_env:app", "--host", "127.0.0.1",
+                              "--port", port, "--log-level", "warning"])
+print("28.2.2")
+"""
+
+
+def test_an_image_without_a_usable_docker_is_refused_in_one_paragraph(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker here
+    with pytest.raises(UserError, match="Docker is not usable here: there is no `docker` command.*openenv.url"):
+        with openenv_server_for_run(OpenEnvSection(image=IMAGE), tmp_path):
             pass
     with pytest.raises(ValueError, match="one of openenv.app, openenv.command"):
         OpenEnvSection(app="a:app", command="python -m a")
+
+
+def test_a_real_docker_client_without_a_daemon_is_refused_in_one_paragraph(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("docker") is None:
+        pytest.skip("no docker client on this machine")
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False).returncode == 0:
+        pytest.skip("this machine's Docker daemon answers")
+    with pytest.raises(UserError, match=r"Docker is not usable here: `docker info` failed \(.+\)"):
+        with openenv_server_for_run(OpenEnvSection(image=IMAGE), tmp_path):
+            pass
+
+
+def test_an_image_runs_with_docker_run_on_loopback_and_is_removed_at_the_end(tmp_path, monkeypatch):
+    """The launcher's side of `image`: `docker run` with the port published on loopback and the env set,
+    the server healthy and serving an episode, and the container removed when the run ends."""
+    import os
+    import sys
+    from pathlib import Path
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "docker.log"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "docker"
+    tests = str(Path(__file__).parent)
+    stand_in.write_text(DOCKER_STAND_IN.format(python=sys.executable, log=str(log), tests=tests), encoding="utf-8")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    section = OpenEnvSection(image=IMAGE, env={"ECHO_MODE": "loud"}, healthcheck_timeout=600)
+    with openenv_server_for_run(section, tmp_path) as server:
+        assert server is not None and server.container is not None
+
+        async def one_episode() -> float:
+            async with session(server.url) as env:
+                await env.reset()
+                return (await env.step({"message": "hello"})).reward or 0.0
+
+        assert asyncio.run(one_episode()) == pytest.approx(0.5)  # the echo environment: 0.1 per character
+    calls = log.read_text(encoding="utf-8").splitlines()
+    run = next(call for call in calls if call.startswith("run "))
+    assert run == (f"run --rm --name {server.container} -p 127.0.0.1:{server.port}:8000 -e ECHO_MODE=loud {IMAGE}")
+    assert calls[0] == "info --format {{.ServerVersion}}"
+    assert calls[-1] == f"rm -f {server.container}"  # after the server stopped
+    assert server.process is not None and server.process.poll() is not None
 
 
 def test_the_launchers_news_reaches_another_process(tmp_path):

@@ -31,9 +31,13 @@ class OpenEnvSection(BaseModel):
     url: str | None = Field(
         default=None, description="Base URL of a server that already runs (no `app` or `command`), or where "
                                   "`command` serves. Default with `app`: http://127.0.0.1:{port}.")
-    image: str | None = Field(default=None, description="A Docker image of the environment: not supported yet "
-                                                        "(start it yourself and give `url`).")
-    port: int | None = Field(default=None, ge=1, le=65535, description="Port for `app`/`command`; default: a free one.")
+    image: str | None = Field(default=None, description="A Docker image of the environment (e.g. an OpenEnv "
+                                                        "image from a registry): `docker run` publishes its "
+                                                        "`image_port` on `port` of loopback.")
+    image_port: int = Field(default=8000, ge=1, le=65535,
+                            description="The port the image's server listens on inside the container (OpenEnv's: 8000).")
+    port: int | None = Field(default=None, ge=1, le=65535,
+                             description="Port for `app`/`command`/`image`; default: a free one.")
     cwd: str | None = Field(default=None, description="Working directory of the server (its imports resolve there).")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the server.")
     healthcheck_timeout: float = Field(default=120.0, gt=0,

@@ -3,10 +3,11 @@
     openenv:
       app: my_env.server.app:app      # an ASGI app: uvicorn serves it on a free loopback port
       # command: python -m my_env.server.app --port {port}    # or any command; {port} is filled in
+      # image: registry.hf.space/openenv-echo-env:latest      # or a Docker image (`docker run`)
       # url: https://someone-my-env.hf.space                  # or a server that already runs
       max_restarts: 3
 
-With `app` or `command`, `agenttune train` starts the server before any rollout, waits until
+With `app`, `command` or `image`, `agenttune train` starts the server before any rollout, waits until
 `GET {url}/health` answers 200, exports the URL as AGENTTUNE_OPENENV_URL for the length of the run
 (episodes find their server there), and stops its whole process group when the run ends. Its output
 goes to `<run_dir>/openenv_server.log`. If the server dies during the run, the episodes it was
@@ -39,15 +40,36 @@ from agenttune_openenv.session import URL_VARIABLE
 log = get_logger("openenv.server")
 
 
-def refuse_image(section: OpenEnvSection) -> None:
-    """Containers are not started by this plugin: one paragraph saying how to run one by hand."""
-    if section.image:
-        raise UserError(
-            f"openenv.image ({section.image}): this version of agenttune-plugin-openenv does not start "
-            "containers. Start the container yourself, e.g. `docker run -d -p 8000:8000 "
-            f"{section.image}`, and give its address as openenv.url (http://127.0.0.1:8000); or install the "
-            "environment's Python package and name its app as openenv.app, which needs no Docker.",
-            hint="See docs/openenv.md, 'Where the environment runs'.")
+DOCKER_TIMEOUT_S = 30.0  # `docker info` / `docker rm`: a daemon that does not answer in this is not usable
+
+
+def check_docker(image: str) -> None:
+    """openenv.image needs a Docker client and a daemon it reaches: one paragraph when either is missing."""
+    try:
+        done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                              text=True, timeout=DOCKER_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        why = "there is no `docker` command on PATH"
+    except subprocess.TimeoutExpired:
+        why = f"`docker info` did not answer within {DOCKER_TIMEOUT_S:g}s"
+    else:
+        if done.returncode == 0:
+            return
+        said = (done.stderr or done.stdout).strip().splitlines()
+        why = f"`docker info` failed ({said[-1] if said else f'exit code {done.returncode}'})"
+    raise UserError(
+        f"openenv.image ({image}) is run with Docker, and Docker is not usable here: {why}. Start the Docker "
+        "daemon (or install Docker), or run the container elsewhere and give its address as openenv.url, or "
+        "install the environment's Python package and name its app as openenv.app, which needs no Docker.",
+        hint="See docs/openenv.md, 'Where the environment runs'.")
+
+
+def remove_container(name: str) -> None:
+    """`docker rm -f`: the container of a `docker run` client that was killed outlives it."""
+    try:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=DOCKER_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("could not remove the OpenEnv container", container=name, error=repr(error))
 
 
 def free_port() -> int:
@@ -78,6 +100,7 @@ class ServerProcess:
         self.deaths: list[int] = []  # exit codes of the deaths during the run
         self.restarts = 0
         self._stopping = threading.Event()
+        self.container = f"agenttune-openenv-{os.getpid()}-{self.port}" if section.image else None
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
@@ -89,6 +112,11 @@ class ServerProcess:
             # uvicorn comes with openenv (a dependency of its server side); one worker: sessions live in memory.
             return [sys.executable, "-m", "uvicorn", self.section.app, "--host", "127.0.0.1",
                     "--port", str(self.port), "--log-level", "warning"]
+        if self.section.image and self.container:
+            # In the foreground: its output goes to the log, and its exit is the server's death.
+            variables = [flag for name, value in self.section.env.items() for flag in ("-e", f"{name}={value}")]
+            return ["docker", "run", "--rm", "--name", self.container,
+                    "-p", f"127.0.0.1:{self.port}:{self.section.image_port}", *variables, self.section.image]
         command = self.section.command
         parts = list(command) if isinstance(command, list) else shlex.split(command or "")
         return [part.replace("{port}", str(self.port)) for part in parts]
@@ -105,6 +133,8 @@ class ServerProcess:
         log.info("the OpenEnv server is up", url=self.url, log=str(self.log_path))
 
     def _launch(self) -> None:
+        if self.container:
+            remove_container(self.container)  # a dead one's name would be taken
         argv = self.argv
         process = self.child.launch(argv, cwd=self.section.cwd, env=self._environment(),
                                     hint="Check openenv.command and openenv.cwd.")
@@ -176,6 +206,8 @@ class ServerProcess:
         """Stop the server's whole process group: SIGTERM, then SIGKILL after stop_timeout."""
         self._stopping.set()
         self.child.stop(self.section.stop_timeout)
+        if self.container:
+            remove_container(self.container)
         self.news.note(self.url, None)
         if self.deaths:
             log.warning("the OpenEnv server had died during the run", deaths=len(self.deaths),
@@ -192,9 +224,10 @@ def exported_url(url: str) -> AbstractContextManager[None]:
 @contextmanager
 def openenv_server_for_run(section: OpenEnvSection, run_dir: Path,
                            search_path: Path | None = None) -> Iterator[ServerProcess | None]:
-    """The run's OpenEnv server: launched (and stopped) for `app`/`command`; its URL exported either way."""
-    refuse_image(section)
-    if not (section.app or section.command):
+    """The run's OpenEnv server: launched (and stopped) for `app`/`command`/`image`; its URL exported either way."""
+    if section.image:
+        check_docker(section.image)
+    if not (section.app or section.command or section.image):
         if not section.url:
             yield None
             return
