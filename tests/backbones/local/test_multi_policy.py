@@ -187,7 +187,7 @@ def test_per_agent_rewards_train_each_policy_on_its_own_agents_reward(tmp_path):
 def test_policy_rewards_are_the_teams_or_the_mean_of_their_own_agents():
     from agenttune.backbones.local.policies import policy_reward, samples_of
     from agenttune.config.policies import PoliciesConfig
-    from agenttune.workflow.episode import Episode, Sample
+    from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
     from agenttune.workflow.task import Task
 
     def sample(agent: str) -> Sample:
@@ -208,6 +208,9 @@ def test_policy_rewards_are_the_teams_or_the_mean_of_their_own_agents():
     assert episode.reward == 0.5 and len(episode.samples) == 3  # the rollout's episode is left as it was
     # A judge that gives no agent rewards: every policy trains on the team's.
     assert policy_reward(episode.model_copy(update={"agent_rewards": None}), per_agent, "solver") == 0.5
+    # A madness penalty replaced the judge's reward: every policy gets the penalty.
+    mad = episode.model_copy(update={"status": EpisodeStatus.MADNESS, "reward": -1.0})
+    assert [policy_reward(mad, per_agent, name) for name in ("solver", "judges")] == [-1.0, -1.0]
 
 
 @pytest.mark.slow

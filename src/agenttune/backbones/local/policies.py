@@ -19,7 +19,7 @@ from agenttune.config.models import AgentTuneConfig
 from agenttune.config.policies import PoliciesConfig, PolicyOptions, check_policies
 from agenttune.config.run import get_logger
 from agenttune.errors import UserError
-from agenttune.workflow.episode import Episode, Sample
+from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -194,8 +194,9 @@ def samples_of(episodes: list[Episode], policies: PoliciesConfig, name: str) -> 
 
 def policy_reward(episode: Episode, policies: PoliciesConfig, name: str) -> float:
     """The reward policy `name` trains on: the team's, or (per_agent) the mean of the judge's rewards for the
-    agents mapped to it; the team's where the judge named none of them."""
-    if policies.reward != "per_agent" or not episode.agent_rewards:
+    agents mapped to it; the team's where the judge named none of them, or where a madness check replaced
+    the judge's reward with its penalty (which every policy of the episode gets)."""
+    if policies.reward != "per_agent" or not episode.agent_rewards or episode.status is EpisodeStatus.MADNESS:
         return episode.reward
     own = [reward for agent, reward in episode.agent_rewards.items() if policies.policy_of(agent) == name]
     return sum(own) / len(own) if own else episode.reward

@@ -4,8 +4,8 @@ Every LoRA layer of the model gets, once, a forward of its own beside peft's: wh
 runs inside `rows_with_adapters`, the layer computes its base output once and adds each row's
 adapter's update (rows named "__base__" get none): in a batch mixing adapters, with two products over
 the layer's adapters concatenated along the rank (every row through all of them, each row's own part kept
-by a mask); outside, peft's forward runs as before (training, a batch that names no adapter). The rows of each adapter are found once per forward
-pass, not once per layer. The sum is peft's own (base + B(A(x)) x scaling, per row); peft's per-row
+by a mask); outside, peft's forward runs as before (training, a batch that names no adapter). The rows of
+each adapter are found once per forward pass, not once per layer. The sum is peft's own (base + B(A(x)) x scaling, per row); peft's per-row
 `adapter_names` does the same, but sorts the rows out again in every layer, in Python, which on
 tiny://default cost 30-40 % of the decode speed of a batch naming a single adapter (bench/multi_policy.py).
 The layers' own attributes are read (`base_layer`, `lora_A`, `lora_B`, `scaling`, `lora_dropout`):
@@ -27,7 +27,7 @@ class _RowAdapters:
     """What the hooks hand to every LoRA layer: the running forward pass's names, or None."""
 
     def __init__(self, served: tuple[str, ...]):
-        self.order = served  # each adapter's slot in the layers' stacked weights; the base model's is last
+        self.order = served  # the adapters' order in each layer's concatenated weights
         self.served = frozenset(served) | {BASE_ADAPTER}
         self.groups: list[tuple[str, Any]] | None = None  # inside rows_with_adapters: (adapter, rows)
         self.names: list[str] | None = None  # a batch mixing adapters: each row's adapter
