@@ -106,8 +106,9 @@ def one_policy_config() -> Path:
     import yaml
 
     config = yaml.safe_load((HERE / "two_policies.yaml").read_text(encoding="utf-8"))
+    policies = {**ONE_POLICY, "reward": config["policies"].get("reward", "team")}  # per_agent: both agents' mean
     path = HERE / "one_policy.generated.yaml"
-    path.write_text(yaml.safe_dump({**config, "policies": ONE_POLICY}, sort_keys=False), encoding="utf-8")
+    path.write_text(yaml.safe_dump({**config, "policies": policies}, sort_keys=False), encoding="utf-8")
     return path
 
 
