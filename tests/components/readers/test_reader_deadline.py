@@ -129,7 +129,9 @@ def test_a_caller_that_stops_early_closes_the_readers_generator():
     closed.clear()
     reader = sleepy(tasks_before_hanging=99, tasks=5000)
     assert len(list(read_tasks(reader, "train", timeout=5, limit=3))) == 3
-    assert closed.wait(5), "the reader's generator was not closed"
+    # Generous: it returns as soon as the reader's thread closes the generator, which on a loaded machine
+    # (a CI run beside two training jobs) once took longer than 5 s.
+    assert closed.wait(30), "the reader's generator was not closed"
 
 
 def test_the_readers_own_errors_reach_the_caller_unchanged():
