@@ -75,6 +75,10 @@ def check_policies(policies: PoliciesConfig, lora_rank: int = 0) -> None:
                             "policy, so there is nothing to map agents to.",
                             hint="Define the policies under policies.adapters (e.g. {writer: {rank: 8}}), or "
                                  "remove policies.agents and policies.default_policy.")
+        if policies.reward != "team":
+            raise UserError(f"policies.reward is {policies.reward!r} but policies.adapters defines no policy: with "
+                            "one policy every agent's samples train on the episode's reward.",
+                            hint="Define the policies under policies.adapters, or remove policies.reward.")
         return
     names = set(policies.adapters)
     if BASE_ADAPTER in names:
