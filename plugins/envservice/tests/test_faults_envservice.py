@@ -33,12 +33,14 @@ from agenttune.testing.faults import (
     Snapshot,
     check_run,
     failing_generate,
+    repeat_of,
 )
 
 pytest.importorskip("torch")
 
 TINY = "tiny://envfaults?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64"
 ENVIRONMENTS: list[Any] = []  # every environment an episode opened, in this process
+WILL_STEP: list[Any] = []  # those of episodes planned to reach env.step() (no fault, or a flaky engine)
 
 
 class FaultyGuessWorkflow(FaultyWorkflow):
@@ -49,6 +51,8 @@ class FaultyGuessWorkflow(FaultyWorkflow):
     async def setup(self, task, tuner) -> None:
         env = env_for(task, tuner)
         ENVIRONMENTS.append(env)
+        if self.plan.fault(task.task_id, repeat_of(tuner.episode_id)) in (None, "flaky"):
+            WILL_STEP.append(env)
         tuner.update_judge_input_dictionary(messages=await env.reset())
 
     async def ask(self, task, tuner) -> str:
@@ -69,8 +73,18 @@ class FaultyEnvJudge(FaultyJudge):
         return JudgeResult(reward=score, success=score >= 1.0)
 
 
+def an_episode_will_lose_its_instance() -> bool:
+    """True while an episode holds a created instance it has yet to step: a kill now must fail it.
+
+    Without this the kill could land between episodes (all in flight done with the server, the next
+    not yet started) and, the server back before the next create, fail nothing.
+    """
+    return any(env.messages and env.steps == 0 and not env.released for env in list(WILL_STEP))
+
+
 class KillOnce:
-    """Kills the server with SIGKILL after `after_steps` /step calls, then starts it again on its port."""
+    """Kills the server with SIGKILL after `after_steps` /step calls, while an episode holds an instance
+    it has yet to step, then starts it again on its port."""
 
     def __init__(self, server: EnvServer, restart: Callable[[int], EnvServer], after_steps: int):
         self.server, self.restart, self.after_steps = server, restart, after_steps
@@ -91,7 +105,7 @@ class KillOnce:
         while not self._stop.is_set():
             try:
                 self.last_stats = self.server.stats()
-                if self.last_stats["steps"] >= self.after_steps:
+                if self.last_stats["steps"] >= self.after_steps and an_episode_will_lose_its_instance():
                     break
             except httpx.HTTPError:
                 pass
@@ -108,6 +122,7 @@ def faults(monkeypatch):
 
     JOURNAL.clear()
     ENVIRONMENTS.clear()
+    WILL_STEP.clear()
     monkeypatch.setattr(HFEngine, "generate", failing_generate(HFEngine.generate))
     yield Snapshot.take()
     JOURNAL.clear()
