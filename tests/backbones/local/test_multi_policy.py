@@ -164,12 +164,36 @@ def test_adapters_that_do_not_fit_the_model_are_refused_before_step_1(tmp_path, 
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "run")
 
 
-def test_asynchronous_modes_and_lora_rank_are_refused_with_policies(tmp_path):
+def test_lora_rank_is_refused_with_policies(tmp_path):
     conf = write_run_files(tmp_path, TWO_POLICIES)
-    with pytest.raises(UserError, match="not supported yet"):
-        train(conf, tmp_path / "async", "trainer.mode=async")
     with pytest.raises(UserError, match="local.lora_rank"):
         train(conf, tmp_path / "lora", "local.lora_rank=4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_asynchronous_modes_train_each_policy_with_its_own_rollout_correction(tmp_path, mode):
+    """The engine samples from its own copy of the weights, refreshed after each step: the copy must follow
+    every adapter. Step 2 trains on groups the copy sampled before step 1's update (one_step_off admits
+    them at once), so the proposer's tokens are one version stale and rollout correction weighs them; the
+    checker's samples are not trained and its adapter stays bitwise unchanged."""
+    conf = write_run_files(tmp_path, TWO_POLICIES)
+    run_dir = tmp_path / "run"
+    train(conf, run_dir, f"trainer.mode={mode}", "trainer.max_staleness=1", "trainer.total_steps=3", "local.keep_checkpoints=3",
+          "rollout.trainable_targets=[proposer,observer]")
+
+    records = read_metrics(run_dir)
+    assert [record["step"] for record in records] == [1, 2, 3]
+    for record in records:
+        assert record["policy/proposer/train/samples"] > 0 and record["policy/checker/train/samples"] == 0
+        assert "policy/proposer/train/rollout_is_mean" in record  # asynchronous modes correct by default
+    assert any(record.get("async/staleness_max", 0) >= 1 for record in records[1:])
+    stale = [record for record in records if record.get("async/staleness_max", 0) >= 1]
+    # Weighing stale tokens per policy: pi_old (the proposer's adapter now) over pi_rollout (its copy then).
+    assert all(record["policy/proposer/train/logprob_mismatch"] > 0 for record in stale)
+    for step in (1, 2):
+        assert equal(adapter(run_dir, step, "checker"), adapter(run_dir, step + 1, "checker"))
+        assert not equal(adapter(run_dir, step, "proposer"), adapter(run_dir, step + 1, "proposer"))
 
 
 @pytest.mark.slow

@@ -62,6 +62,34 @@ async def test_each_row_samples_with_its_adapter_in_one_mixed_batch(two_adapters
     await engine.aclose()
 
 
+async def test_an_asynchronous_engines_copy_follows_every_adapter(two_adapters, tiny_tokenizer):
+    """Asynchronous training samples from a copy of the trained model (backbones/local/loop.py's
+    rollout_model); after an update, sync_weights must bring every adapter's new weights into it."""
+    from agenttune.backbones.local.loop import rollout_model
+
+    copy = rollout_model(two_adapters, 1)
+    engine = HFEngine(copy, tiny_tokenizer)
+    with torch.no_grad():  # the update: both adapters move
+        for name, parameter in two_adapters.named_parameters():
+            if "lora_" in name:
+                parameter.add_(torch.randn_like(parameter))
+    prompt_ids = tiny_tokenizer.encode("Natalia sold clips to 48 friends.", add_special_tokens=False)
+
+    async def sample() -> list:
+        return await asyncio.gather(*[engine.generate(prompt_ids, SamplingParams(
+            temperature=1.0, max_tokens=12, seed=3, adapter=adapter)) for adapter in ADAPTERS])
+
+    before = await sample()  # the copy's old weights: not the trained model's
+    assert not torch.allclose(torch.tensor(before[0].logprobs),
+                              own_logprobs(two_adapters, ADAPTERS[0], prompt_ids, before[0].token_ids), atol=1e-3)
+    await engine.sync_weights(two_adapters, 1)
+    for adapter, generation in zip(ADAPTERS, await sample(), strict=True):
+        expected = own_logprobs(two_adapters, adapter, prompt_ids, generation.token_ids)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, rtol=0, atol=1e-5), adapter
+        assert generation.versions == [1] * len(generation.token_ids)
+    await engine.aclose()
+
+
 async def test_a_model_without_adapters_serves_none(tiny_model, tiny_tokenizer):
     engine = HFEngine(tiny_model, tiny_tokenizer)
     assert engine.adapter_names == ()

@@ -83,10 +83,6 @@ def _check_policies(config: AgentTuneConfig) -> None:
     check_policies(config.policies, local_options(config).lora_rank)
     if not config.policies.enabled:
         return
-    if config.trainer.staleness_bound is not None:
-        raise UserError(f"trainer.mode {config.trainer.mode!r} with several policies (policies.adapters) is not "
-                        "supported yet: the asynchronous engine's copy of the weights would have to follow every "
-                        "adapter.", hint="Use trainer.mode: sync with policies.adapters.")
     if config.engine.type != "hf":
         raise UserError(f"engine.type {config.engine.type!r} cannot serve several policies: only the hf engine runs "
                         "each agent's calls with its policy's adapter.",
