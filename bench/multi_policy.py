@@ -5,10 +5,11 @@ example, and what a batch mixing two LoRA adapters costs the `hf` engine.
     python bench/multi_policy.py --only speed --rows 128 --max-tokens 64 --rounds 5
     python bench/multi_policy.py --only accuracy --steps 16 --work-dir runs/bench/two_policies
 
-Accuracy (`shared_final_accuracy`, `separate_final_accuracy`): examples/two_policies (a solver and a checker
-on the quickstart's arithmetic) trained `--steps` GRPO steps twice from the same warmed-up base model, with
-the same seeds, tasks and settings: once with two policies (an adapter per agent, the example's YAML), once
-with one adapter both agents share (`run.py --one-policy`: the same rank, alpha and learning rate). Each
+Accuracy (`shared_final_accuracy`, `separate_final_accuracy`): examples/two_policies (a proposer and a
+checker with opposed goals on the quickstart's arithmetic) trained `--steps` GRPO steps twice from the same
+warmed-up base model, with the same seeds, tasks and settings: once with two policies (an adapter per agent,
+the example's YAML), once with one adapter both agents share (`run.py --one-policy`: the same rank, alpha
+and learning rate, each agent's samples still trained on its own reward in groups of its own). Each
 figure is the held-out accuracy after the last step (greedy, the 200 validation problems: the checker's
 final answer right). Target: separate >= shared. The warm-up is done once and kept in `--work-dir`.
 
@@ -140,7 +141,6 @@ def train_example(run_dir: Path, data: Path, steps: int, extra: list[str]) -> di
     held_out = [(r["step"], r["val/success_rate"]) for r in records if r.get("val/success_rate") is not None]
     if not held_out or held_out[-1][0] != steps:
         return {"error": f"no validation after step {steps} in {run_dir / 'metrics.jsonl'}", "wall_seconds": wall}
-    # The held-out team reward counts the solver's answers too (the accuracy is the checker's, the final one).
     reward = [r["val/reward/mean"] for r in records if r.get("val/reward/mean") is not None]
     return {"initial_accuracy": held_out[0][1], "final_accuracy": held_out[-1][1],
             "initial_reward": reward[0], "final_reward": reward[-1], "wall_seconds": wall,

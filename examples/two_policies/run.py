@@ -1,12 +1,12 @@
 """The two-policy example in one command (from the repository root):
 
-    python examples/two_policies/run.py                   # two policies: a solver and a checker adapter
+    python examples/two_policies/run.py                   # two policies: a proposer and a checker adapter
     python examples/two_policies/run.py --one-policy      # the same run with one adapter shared by both agents
 
 1. writes the quickstart's problems and warm-up demonstrations into examples/two_policies/data/, and
    as many again in the checker's format (team.py's `checker_demonstration`);
 2. warms up tiny://default once with the quickstart's supervised warm-up (its settings, from
-   quickstart.yaml, for WARMUP_STEPS steps: the solver's format as often as in the quickstart, the
+   quickstart.yaml, for WARMUP_STEPS steps: the proposer's format as often as in the quickstart, the
    checker's as well) and saves it as data/warm-model: the base model both adapters sit on (a run with
    several policies trains adapters only, so the warm-up is done before it, not inside it);
 3. runs `agenttune train --conf examples/two_policies/two_policies.yaml` and prints held-out accuracy
@@ -28,12 +28,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 QUICKSTART = HERE.parent / "quickstart"
 DATA = HERE / "data"
-# Twice the quickstart's 400 steps: the demonstrations are half the solver's, half the checker's.
+# Twice the quickstart's 400 steps: the demonstrations are half the proposer's, half the checker's.
 WARMUP_STEPS = 800
 # --one-policy: both agents mapped to one adapter with the same settings as each of the two. (A config
 # file, not overrides: an override's mapping merges into the file's, which would keep both adapters.)
 ONE_POLICY = {"adapters": {"team": {"rank": 32, "alpha": 64, "learning_rate": 1.0e-3}},
-              "agents": {"solver": "team", "checker": "team"}}
+              "agents": {"proposer": "team", "checker": "team"}}
 
 
 def quickstart_module(name: str):
@@ -87,7 +87,7 @@ def prepare(data: Path = DATA, *, conversations: int | None = None, warmup_steps
 
 def add_checker_demos(demos: Path, quickstart, conversations: int, seed: int = 10) -> None:
     """As many conversations again in the checker's format, on new problems (none held out), after the
-    solver's: the warm-up samples its batches from the whole file."""
+    proposer's: the warm-up samples its batches from the whole file."""
     sys.path.insert(0, str(HERE))
     from team import checker_demonstration
 
@@ -106,7 +106,8 @@ def one_policy_config() -> Path:
     import yaml
 
     config = yaml.safe_load((HERE / "two_policies.yaml").read_text(encoding="utf-8"))
-    policies = {**ONE_POLICY, "reward": config["policies"].get("reward", "team")}  # per_agent: both agents' mean
+    # per_agent: the shared adapter trains each agent's samples on its own reward, in groups of its own
+    policies = {**ONE_POLICY, "reward": config["policies"].get("reward", "team")}
     path = HERE / "one_policy.generated.yaml"
     path.write_text(yaml.safe_dump({**config, "policies": policies}, sort_keys=False), encoding="utf-8")
     return path

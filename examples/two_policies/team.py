@@ -1,12 +1,20 @@
-"""The two-policy example's workflow: a solver and a checker on the quickstart's arithmetic.
+"""The two-policy example's workflow: a proposer and a checker on the quickstart's arithmetic, with
+opposed goals.
 
-- `solver` gets the problem and the calculator, and must answer ("The answer is 9716.").
-- `checker` gets the problem, the solver's proposed answer and the calculator, and must give the
-  answer it vouches for: the proposal when it is right, the correct value when it is not. Copying the
-  number in its prompt is what a warmed-up model does by default; the checker has to learn when not to.
+- `proposer` gets the problem and the calculator, in the quickstart's format, and answers ("The answer
+  is 9716."). Its own reward is for a plausible wrong answer: wrong, with as many digits as the right
+  one (the distractor of a multiple-choice question, the hard negative a verifier is trained on).
+- `checker` gets the problem, the proposer's answer and the calculator, and must give the answer it
+  vouches for: the proposal when it is right, the correct value when it is not. Copying the number in
+  its prompt is what a warmed-up model does by default; the checker has to learn when not to.
 
-Each agent talks to its own client, named as an AgentScope agent would be (`agent="solver"`); the
-YAML's `policies.agents` maps those names to policies. The team is judged on both answers.
+So the roles need opposite behaviour from one base model on the same problems: the proposer gains by
+not computing (a skipped calculator call, a digit changed), the checker by computing. One adapter
+shared by both is pulled both ways; an adapter each is not (bench/multi_policy.py measures both).
+
+Each agent talks to its own client, named as an AgentScope agent would be (`agent="proposer"`); the
+YAML's `policies.agents` maps those names to policies, and `policies.reward: per_agent` trains each on
+its own agent's reward.
 """
 
 from __future__ import annotations
@@ -68,12 +76,12 @@ def checker_demonstration(rows: list[dict[str, Any]], rng: random.Random, *, too
     return {"messages": messages, "tools": [CALCULATOR_TOOL]}
 
 
-class SolverAndChecker(Workflow):
+class ProposerAndChecker(Workflow):
     async def execute(self, task, tuner) -> WorkflowOutput:
-        solved = await converse(tuner.as_async_openai_client(agent="solver"),
-                                [{"role": "system", "content": SYSTEM_PROMPT},
-                                 {"role": "user", "content": task.query}])
-        proposed = parse_final_answer(solved)
+        answered = await converse(tuner.as_async_openai_client(agent="proposer"),
+                                  [{"role": "system", "content": SYSTEM_PROMPT},
+                                   {"role": "user", "content": task.query}])
+        proposed = parse_final_answer(answered)
         checked = await converse(tuner.as_async_openai_client(agent="checker"),
                                  [{"role": "system", "content": CHECKER_PROMPT},
                                   {"role": "user", "content": checker_question(task.query, proposed)}])
@@ -82,18 +90,24 @@ class SolverAndChecker(Workflow):
         return WorkflowOutput(metadata={"final_answer": final, "proposed_answer": proposed})
 
 
-class TeamJudge(Judge):
-    """Reward: the share of the two answers that are right (0, 0.5 or 1), one team reward for both agents;
-    each agent's own (its answer right) for `policies.reward: per_agent`. Success (the held-out accuracy):
-    the checker's answer, the team's final one, is right."""
+def plausible_wrong(proposed: int | None, expected: int) -> bool:
+    """A wrong answer that its shape does not give away: as many digits as the right one."""
+    return proposed is not None and proposed != expected and len(str(proposed)) == len(str(expected))
 
-    name = "team_arithmetic"
+
+class TeamJudge(Judge):
+    """The team's answer is the checker's: reward and success (the held-out accuracy) 1 when it is right.
+    Each agent's own reward (`policies.reward: per_agent`): the checker's, its answer right; the
+    proposer's, a plausible wrong proposal (`plausible_wrong`)."""
+
+    name = "proposer_and_checker"
 
     def judge(self, judge_input: JudgeInput) -> JudgeResult:
         expected = int(judge_input.task.ground_truth)
         proposed = judge_input.output.metadata.get("proposed_answer")
         final = judge_input.final_answer
-        solver_right, checker_right = proposed == expected, final is not None and int(final) == expected
-        return JudgeResult(reward=(solver_right + checker_right) / 2, success=checker_right,
-                           agent_rewards={"solver": float(solver_right), "checker": float(checker_right)},
+        checker_right = final is not None and int(final) == expected
+        return JudgeResult(reward=float(checker_right), success=checker_right,
+                           agent_rewards={"proposer": float(plausible_wrong(proposed, expected)),
+                                          "checker": float(checker_right)},
                            details={"proposed": proposed, "final": final, "expected": expected})

@@ -208,7 +208,7 @@ def test_per_agent_rewards_train_each_policy_on_its_own_agents_reward(tmp_path):
     assert record["policies/episodes_without_agent_rewards"] == 0
 
 
-def test_policy_rewards_are_the_teams_or_the_mean_of_their_own_agents():
+def test_policy_rewards_are_the_teams_or_each_agents_own():
     from agenttune.backbones.local.policies import policy_reward, samples_of
     from agenttune.config.policies import PoliciesConfig
     from agenttune.workflow.episode import Episode, EpisodeStatus, Sample
@@ -226,15 +226,22 @@ def test_policy_rewards_are_the_teams_or_the_mean_of_their_own_agents():
     per_agent = PoliciesConfig(adapters=adapters, agents=agents, reward="per_agent")
 
     assert [policy_reward(episode, team, name) for name in ("solver", "judges")] == [0.5, 0.5]
-    assert [policy_reward(episode, per_agent, name) for name in ("solver", "judges")] == [1.0, 0.25]
-    judges = samples_of([episode], per_agent, "judges")[0]
-    assert ([s.agent for s in judges.samples], judges.reward) == (["checker", "critic"], 0.25)
+    assert policy_reward(episode, per_agent, "solver") == 1.0
+    (solver,) = samples_of([episode], per_agent, "solver")
+    assert ([s.agent for s in solver.samples], solver.reward, solver.group_id) == (["solver"], 1.0, "g")
+    # Two rated agents share "judges": a row each, its own samples, reward and advantage group.
+    rows = samples_of([episode], per_agent, "judges")
+    assert [([s.agent for s in row.samples], row.reward, row.group_id, row.episode_id) for row in rows] == [
+        (["checker"], 0.0, "g/checker", "e/checker"), (["critic"], 0.5, "g/critic", "e/critic")]
+    (shared,) = samples_of([episode], team, "judges")  # the team's reward: one row, both agents' samples
+    assert ([s.agent for s in shared.samples], shared.reward) == (["checker", "critic"], 0.5)
     assert episode.reward == 0.5 and len(episode.samples) == 3  # the rollout's episode is left as it was
     # A judge that gives no agent rewards: every policy trains on the team's.
     assert policy_reward(episode.model_copy(update={"agent_rewards": None}), per_agent, "solver") == 0.5
     # A madness penalty replaced the judge's reward: every policy gets the penalty.
     mad = episode.model_copy(update={"status": EpisodeStatus.MADNESS, "reward": -1.0})
     assert [policy_reward(mad, per_agent, name) for name in ("solver", "judges")] == [-1.0, -1.0]
+    assert [(row.reward, len(row.samples)) for row in samples_of([mad], per_agent, "judges")] == [(-1.0, 2)]
 
 
 @pytest.mark.slow

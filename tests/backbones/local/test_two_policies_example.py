@@ -1,4 +1,4 @@
-"""examples/two_policies: a solver and a checker on the quickstart's arithmetic, each agent sampling and
+"""examples/two_policies: a proposer and a checker with opposed goals on the quickstart's arithmetic, each agent sampling and
 training its own LoRA adapter. Runs the example's own run.py (data, a shortened warm-up, `agenttune
 train`) with the debug and the local backbone on the tiny model."""
 
@@ -61,6 +61,27 @@ def test_the_warm_up_shows_the_checker_its_format_with_right_and_wrong_proposals
     assert right > 0 and wrong > 0
 
 
+@pytest.mark.parametrize(("proposed", "final", "proposer", "checker"), [
+    (9716, 9716, 0.0, 1.0),  # right and vouched for: the checker's point
+    (9746, 9716, 1.0, 1.0),  # a plausible wrong answer, caught: a point each
+    (9746, 9746, 1.0, 0.0),  # a plausible wrong answer, copied: the proposer's point only
+    (97, 9716, 0.0, 1.0),    # wrong, but its length gives it away: no point for the proposer
+    (None, None, 0.0, 0.0),
+])
+def test_the_judge_rewards_opposed_goals(proposed, final, proposer, checker):
+    from agenttune import JudgeInput, WorkflowOutput
+    from agenttune.workflow.task import Task
+
+    example_run()  # puts the example's directory on sys.path
+    from team import TeamJudge
+
+    task = Task(task_id="t", query="What is 347 * 28?", metadata={"ground_truth": "9716"})
+    output = WorkflowOutput(metadata={"final_answer": final, "proposed_answer": proposed})
+    result = TeamJudge().judge(JudgeInput(task=task, output=output))
+    assert result.agent_rewards == {"proposer": proposer, "checker": checker}
+    assert result.reward == checker and result.success == bool(checker)  # the team's answer is the checker's
+
+
 def test_the_debug_backbone_runs_both_agents_and_judges_the_team(data, tmp_path):
     run_dir = example_run().main(["--backbone", "debug", "--run-dir", str(tmp_path / "run"),
                                   "debug.first_n_tasks=2", "rollout.num_repeat=1"], data=data)
@@ -68,11 +89,11 @@ def test_the_debug_backbone_runs_both_agents_and_judges_the_team(data, tmp_path)
     assert len(episodes) == 2
     for episode in episodes:
         assert not episode.status.failed, episode.error  # (`madness`: a model warmed up for 2 steps babbles)
-        assert [sample.agent for sample in episode.samples][:1] == ["solver"]
+        assert [sample.agent for sample in episode.samples][:1] == ["proposer"]
         assert "checker" in {sample.agent for sample in episode.samples}
-        assert episode.reward in (0.0, 0.5, 1.0)
+        assert episode.reward in (0.0, 1.0) and episode.reward == float(episode.success)
         assert episode.judge_details["expected"] == episode.task.metadata["ground_truth"]
-        # The checker was shown the solver's proposal (or "no answer") after the problem.
+        # The checker was shown the proposer's answer (or "no answer") after the problem.
         user = [m["content"] for m in episode.messages if m["role"] == "user"]
         assert user[-1].startswith(episode.task.query + " Proposed: ")
 
@@ -87,10 +108,10 @@ def test_the_local_backbone_trains_one_adapter_per_agent(data, tmp_path):
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in metrics] == [0, 1]
     assert metrics[0]["val/episodes"] == 4 and metrics[1]["val/episodes"] == 4
-    for policy in ("solver", "checker"):
+    for policy in ("proposer", "checker"):
         assert metrics[1][f"policy/{policy}/train/samples"] > 0
     assert metrics[1].get("unknown_agent_calls", 0) == 0  # (written when not 0)
     for episode in records(run_dir, 1, "train"):
-        assert {(sample.agent, sample.policy) for sample in episode.samples} <= {("solver", "solver"),
+        assert {(sample.agent, sample.policy) for sample in episode.samples} <= {("proposer", "proposer"),
                                                                                  ("checker", "checker")}
-        assert episode.policies == ["checker", "solver"]
+        assert episode.policies == ["checker", "proposer"]

@@ -186,16 +186,38 @@ def _policy_config(config: AgentTuneConfig, policy: PolicyOptions) -> AgentTuneC
 def samples_of(episodes: list[Episode], policies: PoliciesConfig, name: str) -> list[Episode]:
     """The episodes with only the samples of policy `name`'s agents. Every episode stays, so each
     advantage group holds every episode of its task (verl's per-policy normalisation: each policy's own
-    rows). Their reward is the team's, or with `policies.reward: per_agent` the policy's own agents'."""
-    return [_keep_samples(episode, [policies.policy_of(sample.agent) == name for sample in episode.samples],
-                          policy_reward(episode, policies, name))
-            for episode in episodes]
+    rows). Their reward is the team's, or with `policies.reward: per_agent` the policy's own agent's:
+    where several agents with rewards of their own share the policy, each is a row of its own, in a group
+    of its own (its task's episodes, that agent's samples and reward), so no agent's samples are credited
+    with another's reward, nor measured against another's baseline."""
+    kept: list[Episode] = []
+    for episode in episodes:
+        agents = _rewarded_agents(episode, policies, name)
+        if len(agents) < 2:
+            keep = [policies.policy_of(sample.agent) == name for sample in episode.samples]
+            kept.append(_keep_samples(episode, keep, policy_reward(episode, policies, name)))
+            continue
+        for agent in agents:
+            own = _keep_samples(episode, [sample.agent == agent for sample in episode.samples],
+                                episode.agent_rewards[agent])  # type: ignore[index]  # _rewarded_agents: present
+            kept.append(own.model_copy(update={"episode_id": f"{episode.episode_id}/{agent}",
+                                               "group_id": f"{episode.group_id}/{agent}"}))
+    return kept
+
+
+def _rewarded_agents(episode: Episode, policies: PoliciesConfig, name: str) -> list[str]:
+    """The agents of policy `name` the judge rated in this episode, when their rewards train (per_agent)."""
+    if (policies.reward != "per_agent" or not episode.agent_rewards or episode.status.failed
+            or episode.status is EpisodeStatus.MADNESS):  # the penalty is every agent's: one row, as the team's
+        return []
+    return sorted(agent for agent in episode.agent_rewards if policies.policy_of(agent) == name)
 
 
 def policy_reward(episode: Episode, policies: PoliciesConfig, name: str) -> float:
-    """The reward policy `name` trains on: the team's, or (per_agent) the mean of the judge's rewards for the
-    agents mapped to it; the team's where the judge named none of them, or where a madness check replaced
-    the judge's reward with its penalty (which every policy of the episode gets)."""
+    """The reward policy `name` trains on: the team's, or (per_agent) the judge's reward for the agent
+    mapped to it (`samples_of` splits the episode where several are); the team's where the judge named
+    none of them, or where a madness check replaced the judge's reward with its penalty (which every
+    policy of the episode gets)."""
     if policies.reward != "per_agent" or not episode.agent_rewards or episode.status is EpisodeStatus.MADNESS:
         return episode.reward
     own = [reward for agent, reward in episode.agent_rewards.items() if policies.policy_of(agent) == name]
