@@ -44,8 +44,9 @@ class PoliciesConfig(Section):
                                           "-> policy name.")
     reward: Literal["team", "per_agent"] = Field(
         default="team", description="What each policy trains on: `team`, the episode's reward for every policy; "
-                                    "`per_agent`, the mean of its own agents' rewards (the judge's "
-                                    "`JudgeResult.agent_rewards`; the team's where the judge gave none).")
+                                    "`per_agent`, each of its agents' samples on that agent's own reward, in "
+                                    "advantage groups of that agent's (the judge's `JudgeResult.agent_rewards`; "
+                                    "the team's where the judge gave none).")
     default_policy: str | None = Field(
         default=None, description="The policy of agents `agents` does not name; none: such agents sample from the "
                                   "base model (no adapter) and are never trained. Either way they are counted "
