@@ -30,10 +30,11 @@ BASE: dict[str, Any] = {
 # Keys whose type gives no non-default value (strings, optional values, lists, dicts), or whose generic
 # value would not exercise them; several values where each means something else.
 VALUES: dict[str, list[Any]] = {
-    # Several policies (docs/multi_policy.md): refused, each key with the others it needs to be valid.
-    "policies.adapters": [{"writer": {"rank": 4}}],
-    "policies.agents": [{"default": "writer"}],
-    "policies.default_policy": ["writer"],
+    # Policies (docs/multi_policy.md): one is verl's LoRA (policies.py), each key walked from a valid one-policy
+    # config (its CONTEXT): another rank reaches verl; no default policy, or per-agent rewards, are refused.
+    "policies.adapters": [{"writer": {"rank": 8}}],
+    "policies.agents": [{"solver": "writer"}],
+    "policies.default_policy": [None],
     "policies.reward": ["per_agent"],
     "project_name": ["proj"],
     "experiment_name": ["exp"],
@@ -83,10 +84,10 @@ VALUES: dict[str, list[Any]] = {
 # What a key needs around it to mean anything (e.g. a threshold needs its criterion): the walk compares
 # the config with the context against the same config with the key's value on top.
 CONTEXT: dict[str, dict[str, Any]] = {
-    "policies.adapters": {"policies.agents": {"default": "writer"}},
-    "policies.agents": {"policies.adapters": {"writer": {"rank": 4}}},
-    "policies.default_policy": {"policies.adapters": {"writer": {"rank": 4}}},
-    "policies.reward": {"policies.adapters": {"writer": {"rank": 4}}, "policies.agents": {"default": "writer"}},
+    **dict.fromkeys(["policies.adapters", "policies.agents", "policies.reward"],
+                    {"policies.adapters": {"writer": {"rank": 4}}, "policies.default_policy": "writer"}),
+    "policies.default_policy": {"policies.adapters": {"writer": {"rank": 4}}, "policies.default_policy": "writer",
+                                "policies.agents": {"solver": "writer"}},
     "algorithm.kl_estimator": {"algorithm.kl_coef": 0.01},
     "algorithm.dynamic_sampling.max_retries": {"algorithm.dynamic_sampling.enable": True},
     "algorithm.policy_loss_options": {"algorithm.policy_loss": "distillation",
@@ -136,6 +137,8 @@ NOT_FOR_VERL: dict[str, str] = {
     **dict.fromkeys(["task_reader.type", "task_reader.train_split", "task_reader.read_timeout",
                      "data.val_batch_size"],
                     "read when agenttune writes verl's dataset files (launch.write_datasets)"),
+    "policies.agents": "with one policy every agent samples it (policies.default_policy must name it: policies.py); "
+                       "several policies are refused",
     "backbone": "selects this backbone (--backbone verl)",
     "ray.address": "the Ray cluster the launcher joins; verl's trainer gets it as RAY_ADDRESS (launch.py)",
 }

@@ -375,3 +375,52 @@ def test_the_plugin_owns_the_verl_and_ray_sections():
     assert config.section("ray", RayOptions).address == "auto"
     sections = {info.name: info.config_sections for info in get_plugin_manager().infos()}
     assert sorted(sections["verl"]) == ["ray", "verl"]  # what `agenttune plugins list` shows
+
+
+ONE_POLICY = {"adapters": {"solver": {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"],
+                                      "learning_rate": 2e-5, "init": "/adapters/solver"}},
+              "default_policy": "solver"}
+
+
+def test_one_policy_is_verls_lora_merged_before_each_sync(tiny_model_path):
+    config = config_with(**{**CUSTOM, "policies": ONE_POLICY})
+    values = translated_values(config, PATHS)
+    lora = {key.rsplit(".", 1)[1]: values[key] for key in values if key.startswith("actor_rollout_ref.model.lora")
+            or key == "actor_rollout_ref.model.target_modules"}
+    assert lora == {"lora_rank": 16, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"],
+                    "lora_adapter_path": "/adapters/solver", "merge": True}
+    assert values["actor_rollout_ref.actor.optim.lr"] == 2e-5  # the policy's own learning rate
+    assert {key: value for key, value in values.items() if key not in
+            {f"actor_rollout_ref.model.{name}" for name in ("lora_rank", "lora_alpha", "target_modules",
+                                                            "lora_adapter_path", "lora.merge")}
+            and key != "actor_rollout_ref.actor.optim.lr"} == {
+        key: value for key, value in EXPECTED.items() if key != "actor_rollout_ref.actor.optim.lr"}
+    # verl's own validation and config classes take it (peft's LoRA in verl's FSDP engine)
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    config = config_with(**{**CUSTOM, "policies": {**ONE_POLICY, "adapters": {"solver": {"rank": 4}}},
+                            "model": {"path": str(tiny_model_path), "max_model_len": 24576}})
+    verl_config = build_verl_config(config, PATHS)
+    validate_config(verl_config, use_reference_policy=need_reference_policy(verl_config),
+                    use_critic=need_critic(verl_config))
+    model = omega_conf_to_dataclass(verl_config.actor_rollout_ref.model)
+    assert (model.lora_rank, model.lora_alpha, model.target_modules, model.lora["merge"]) == (4, 16, "all-linear",
+                                                                                             True)
+    actor = omega_conf_to_dataclass(verl_config.actor_rollout_ref.actor)
+    assert actor.optim.lr == CUSTOM["trainer"]["learning_rate"]  # none of its own: the trainer's
+
+
+@pytest.mark.parametrize(("policies", "words"), [
+    ({"adapters": {"solver": {}, "critic": {}}, "agents": {"solver": "solver", "critic": "critic"}},
+     "defines 2 policies (solver, critic), but verl trains one policy per run"),
+    ({"adapters": {"solver": {"frozen": True}}, "default_policy": "solver"}, "is frozen and is the only policy"),
+    ({"adapters": {"solver": {}}, "agents": {"solver": "solver"}}, "policies.default_policy is None, not 'solver'"),
+    ({**ONE_POLICY, "reward": "per_agent"}, "policies.reward is 'per_agent'"),
+])
+def test_what_one_lora_cannot_do_is_refused(policies, words):
+    config = config_with(**{**CUSTOM, "policies": policies})
+    problems = config_problems(config)
+    assert len(problems) == 1 and words in problems[0].render(), [problem.render() for problem in problems]
+    with pytest.raises(UserError, match="polic"):
+        VerlBackbone.check(config)

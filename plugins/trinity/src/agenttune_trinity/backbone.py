@@ -77,13 +77,21 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
                                   hint="Set model.path to a Hugging Face model id or a local model directory."))
     if validation := missing_validation_split(config):
         problems.append(validation)
-    if config.policies.adapters:  # several policies (docs/multi_policy.md): the local backbone only
+    if len(config.policies.adapters) > 1:  # several policies (docs/multi_policy.md): the local backbone only
         problems.append(UserError(
             f"policies.adapters defines {len(config.policies.adapters)} policies ({', '.join(config.policies.adapters)}), "
             "but Trinity-RFT trains one policy per run: it cannot sample each agent with its own adapter nor keep "
             "an optimizer per adapter.",
             hint="Train several policies with --backbone local, or remove the policies: section to train one "
                  "policy for every agent here."))
+    elif config.policies.adapters:  # one: Trinity's LoRA, which its vLLM servers would not sample from
+        problems.append(UserError(
+            f"policies.adapters defines one policy ({next(iter(config.policies.adapters))}), a LoRA adapter, but "
+            "with agenttune workflows Trinity-RFT cannot train one: the gateway asks Trinity's vLLM server for the "
+            "base model by name, so the adapter would be trained but never sampled from (as with "
+            "trinity.model.lora_configs).",
+            hint="Remove the policies: section (full-weight training), or train the adapter with --backbone verl "
+                 "or local."))
     problems += engine_problems(config)
     problems += tinker_mode_problems(config)
     passthrough = config.section("trinity", TrinityOptions).root

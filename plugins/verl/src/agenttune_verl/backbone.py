@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from agenttune.plugin_api import AgentTuneConfig, Backbone, Run, UserError, missing_validation_split
 from agenttune_verl.objectives import objective_problems
 from agenttune_verl.options import VerlOptions
+from agenttune_verl.policies import policy_problems
 from agenttune_verl.translation import VerlPaths, total_gpus
 
 # verl's FSDP optimiser schedules (verl.workers.config.FSDPOptimizerConfig)
@@ -89,13 +90,7 @@ def config_problems(config: AgentTuneConfig) -> list[UserError]:
     if validation := missing_validation_split(config):
         problems.append(validation)
     problems += objective_problems(config)
-    if config.policies.adapters:  # several policies (docs/multi_policy.md): the local backbone only
-        problems.append(UserError(
-            f"policies.adapters defines {len(config.policies.adapters)} policies ({', '.join(config.policies.adapters)}), "
-            "but verl trains one policy per run: it cannot sample each agent with its own adapter nor keep "
-            "an optimizer per adapter.",
-            hint="Train several policies with --backbone local, or remove the policies: section to train one "
-                 "policy for every agent here."))
+    problems += policy_problems(config)
     return problems
 
 

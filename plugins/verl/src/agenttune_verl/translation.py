@@ -16,6 +16,7 @@ from typing import Any
 
 from agenttune.plugin_api import AgentTuneConfig
 from agenttune_verl import objectives
+from agenttune_verl.policies import one_policy
 
 AGENT_LOOP_NAME = "agenttune"
 
@@ -117,6 +118,20 @@ def _warmup_batches(config: AgentTuneConfig) -> int:
     return config.trainer.staleness_bound or 0
 
 
+def _policy(option: str) -> Value:
+    """An option of the one policy's adapter (policies.py): verl's LoRA; verl's default without policies."""
+    def value(config: AgentTuneConfig, paths: VerlPaths) -> Any:
+        single = one_policy(config)
+        return VERL_DEFAULT if single is None else getattr(single[1], option)
+    return value
+
+
+def _learning_rate(config: AgentTuneConfig) -> float:
+    single = one_policy(config)
+    own = None if single is None else single[1].learning_rate
+    return config.trainer.learning_rate if own is None else own
+
+
 def _distillation(verl_key: str) -> Value:
     """A key of verl's `distillation` section: set only for `policy_loss: distillation` (objectives.py)."""
     return lambda c, p: objectives.distillation_values(c).get(verl_key, VERL_DEFAULT)
@@ -179,8 +194,17 @@ TRANSLATIONS: tuple[Translation, ...] = (
     _t("actor_rollout_ref.model.trust_remote_code", "model.trust_remote_code",
        lambda c, p: c.model.trust_remote_code),
     _t("data.trust_remote_code", "model.trust_remote_code", lambda c, p: c.model.trust_remote_code),
+    # one policy (policies.py): verl's LoRA, merged into the base weights before each weight sync
+    _t("actor_rollout_ref.model.lora_rank", "policies.adapters.NAME.rank", _policy("rank")),
+    _t("actor_rollout_ref.model.lora_alpha", "policies.adapters.NAME.alpha", _policy("alpha")),
+    _t("actor_rollout_ref.model.target_modules", "policies.adapters.NAME.target_modules",
+       _policy("target_modules")),
+    _t("actor_rollout_ref.model.lora_adapter_path", "policies.adapters.NAME.init", _policy("init")),
+    _t("actor_rollout_ref.model.lora.merge", "(with one policy, always true: the rollout serves merged weights)",
+       lambda c, p: True if one_policy(c) else VERL_DEFAULT),
     # optimisation
-    _t("actor_rollout_ref.actor.optim.lr", "trainer.learning_rate", lambda c, p: c.trainer.learning_rate),
+    _t("actor_rollout_ref.actor.optim.lr", "policies.adapters.NAME.learning_rate, else trainer.learning_rate",
+       lambda c, p: _learning_rate(c)),
     _t("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lr_schedule (constant, cosine)",
        lambda c, p: c.trainer.lr_schedule),
     _t("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.warmup_steps",
