@@ -233,6 +233,12 @@ def test_policy_rewards_are_the_teams_or_each_agents_own():
     rows = samples_of([episode], per_agent, "judges")
     assert [([s.agent for s in row.samples], row.reward, row.group_id, row.episode_id) for row in rows] == [
         (["checker"], 0.0, "g/checker", "e/checker"), (["critic"], 0.5, "g/critic", "e/critic")]
+    # An agent of the policy the judge did not rate: its samples train on the team's reward, in the task's group.
+    with_unrated = episode.model_copy(update={"samples": [*episode.samples, sample("critic-2")]})
+    rows = samples_of([with_unrated], PoliciesConfig(adapters=adapters, agents={**agents, "critic-2": "judges"},
+                                                     reward="per_agent"), "judges")
+    assert [([s.agent for s in row.samples], row.reward, row.group_id) for row in rows] == [
+        (["checker"], 0.0, "g/checker"), (["critic"], 0.5, "g/critic"), (["critic-2"], 0.5, "g")]
     (shared,) = samples_of([episode], team, "judges")  # the team's reward: one row, both agents' samples
     assert ([s.agent for s in shared.samples], shared.reward) == (["checker", "critic"], 0.5)
     assert episode.reward == 0.5 and len(episode.samples) == 3  # the rollout's episode is left as it was

@@ -202,6 +202,10 @@ def samples_of(episodes: list[Episode], policies: PoliciesConfig, name: str) -> 
                                 episode.agent_rewards[agent])  # type: ignore[index]  # _rewarded_agents: present
             kept.append(own.model_copy(update={"episode_id": f"{episode.episode_id}/{agent}",
                                                "group_id": f"{episode.group_id}/{agent}"}))
+        unrated = [sample.agent not in agents and policies.policy_of(sample.agent) == name
+                   for sample in episode.samples]
+        if any(unrated):  # the policy's agents the judge did not rate: the team's reward, as without per_agent
+            kept.append(_keep_samples(episode, unrated, episode.reward))
     return kept
 
 
