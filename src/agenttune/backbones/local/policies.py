@@ -218,14 +218,12 @@ def _rewarded_agents(episode: Episode, policies: PoliciesConfig, name: str) -> l
 
 
 def policy_reward(episode: Episode, policies: PoliciesConfig, name: str) -> float:
-    """The reward policy `name` trains on: the team's, or (per_agent) the judge's reward for the agent
-    mapped to it (`samples_of` splits the episode where several are); the team's where the judge named
-    none of them, or where a madness check replaced the judge's reward with its penalty (which every
-    policy of the episode gets)."""
-    if policies.reward != "per_agent" or not episode.agent_rewards or episode.status is EpisodeStatus.MADNESS:
-        return episode.reward
-    own = [reward for agent, reward in episode.agent_rewards.items() if policies.policy_of(agent) == name]
-    return sum(own) / len(own) if own else episode.reward
+    """The reward policy `name` trains on: (per_agent) the judge's reward for its one rated agent
+    (`samples_of` splits the episode where several are), else the team's: with `policies.reward: team`,
+    where the judge rated none of its agents, or where a madness check replaced the judge's reward with its
+    penalty (which every policy of the episode gets)."""
+    agents = _rewarded_agents(episode, policies, name)
+    return episode.agent_rewards[agents[0]] if len(agents) == 1 else episode.reward  # type: ignore[index]
 
 
 def _keep_samples(episode: Episode, keep: list[bool], reward: float) -> Episode:
